@@ -1,0 +1,154 @@
+"""Bit-exact numeric kernels: the same float64 operations, in the same order, as NeMo Gym.
+
+NeMo Gym computes with pandas/numpy, so every sum is numpy's pairwise sum over the group's
+values in (task, rollout) key order (spec §0.4). ``ndarray.sum`` over the last axis of a
+C-contiguous array performs exactly that pairwise sum per row (``tests/test_kernels.py`` checks
+it against a scalar transcription of the spec), which lets thousands of equal-sized groups be
+summed in one vectorised call instead of one call per group.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "GroupStats",
+    "Summary",
+    "describe_groups",
+    "pairwise_sum",
+    "quantile_linear",
+    "summarize_present",
+    "t_interval",
+]
+
+F64 = npt.NDArray[np.float64]
+
+
+class GroupStats(NamedTuple):
+    """Per (column, group) descriptive stats; NaN where a stat is undefined (then omitted)."""
+
+    count: npt.NDArray[np.int64]
+    mean: F64
+    max: F64
+    min: F64
+    median: F64
+    std: F64
+
+
+def pairwise_sum(values: F64) -> float:
+    """numpy's pairwise sum of a 1-D float64 array (the reference's summation order)."""
+    return float(np.ascontiguousarray(values, dtype=np.float64).sum())
+
+
+def describe_groups(values: F64) -> GroupStats:
+    """Stats of ``values[c, g, :]`` for every column ``c`` and group ``g`` (NaN = missing).
+
+    Mean: zero-filled pairwise sum over all rows / present count (pandas' nanmean). Std: ddof=1,
+    squared deviations zero-filled for missing rows, pairwise-summed (pandas' nanvar). Median,
+    max and min are over the present values only.
+    """
+    present = ~np.isnan(values)
+    count = present.sum(axis=-1)
+    filled = np.where(present, values, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = filled.sum(axis=-1) / count
+        diff = mean[..., None] - filled
+        sq = np.where(present, diff * diff, 0.0)
+        var = sq.sum(axis=-1) / (count - 1)
+    std = np.sqrt(np.where(count > 1, var, np.nan))
+    mx = np.fmax.reduce(values, axis=-1)
+    mn = np.fmin.reduce(values, axis=-1)
+    ordered = np.sort(values, axis=-1)  # NaN sorts last
+    hi_idx = np.clip(count // 2, 0, max(values.shape[-1] - 1, 0))
+    lo_idx = np.clip(count // 2 - 1 + (count % 2), 0, max(values.shape[-1] - 1, 0))
+    if values.shape[-1]:
+        hi = np.take_along_axis(ordered, hi_idx[..., None], axis=-1)[..., 0]
+        lo = np.take_along_axis(ordered, lo_idx[..., None], axis=-1)[..., 0]
+        median = np.where(count % 2 == 1, hi, (lo + hi) / 2.0)
+        median = np.where(count > 0, median, np.nan)
+    else:
+        median = np.full(count.shape, np.nan)
+    return GroupStats(count.astype(np.int64), mean, mx, mn, median, std)
+
+
+class Summary(NamedTuple):
+    """Stats of the present values of one column (repeat level and across repeats)."""
+
+    n: int
+    mean: float
+    median: float
+    std: float
+    se: float
+    min: float
+    max: float
+    p25: float
+    p75: float
+    ci: tuple[float, float] | None
+
+
+def quantile_linear(ordered: F64, p: float) -> float:
+    """numpy's default (linear) quantile of sorted values, with its two-sided lerp."""
+    n = len(ordered)
+    h = (n - 1) * p
+    lo = math.floor(h)
+    g = h - lo
+    if g == 0 or lo == n - 1:
+        return float(ordered[lo])
+    a, b = float(ordered[lo]), float(ordered[lo + 1])
+    d = b - a
+    return a + d * g if g < 0.5 else b - d * (1 - g)
+
+
+@lru_cache(maxsize=4096)
+def _t_ppf(q: float, df: int) -> float:
+    from scipy.stats import t  # imported lazily: scipy costs ~0.3 s and only CIs need it
+
+    return float(t.ppf(q, df))
+
+
+_Q_LO = (1 - 0.95) / 2  # 0.025000000000000022 in binary64, as in the reference
+_Q_HI = (1 + 0.95) / 2
+
+
+def t_interval(mean: float, se: float, n: int) -> tuple[float, float] | None:
+    """95 % Student-t interval; (mean, mean) when se == 0; None when n <= 1."""
+    if n <= 1:
+        return None
+    if se == 0:
+        return (mean, mean)
+    return (_t_ppf(_Q_LO, n - 1) * se + mean, _t_ppf(_Q_HI, n - 1) * se + mean)
+
+
+def summarize_present(values: F64) -> Summary | None:
+    """Repeat-level stats over the present (non-NaN) values, dropped rather than zero-filled."""
+    x = np.ascontiguousarray(values[~np.isnan(values)], dtype=np.float64)
+    n = len(x)
+    if n == 0:
+        return None
+    mean = float(x.sum()) / n
+    if n > 1:
+        d = mean - x
+        std = math.sqrt(float((d * d).sum()) / (n - 1))
+    else:
+        std = 0.0
+    se = std / n**0.5
+    ordered = np.sort(x)
+    mid = n // 2
+    median = float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2
+    return Summary(
+        n=n,
+        mean=mean,
+        median=median,
+        std=std,
+        se=se,
+        min=float(ordered[0]),
+        max=float(ordered[-1]),
+        p25=quantile_linear(ordered, 0.25),
+        p75=quantile_linear(ordered, 0.75),
+        ci=t_interval(mean, se, n),
+    )

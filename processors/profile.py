@@ -1,0 +1,435 @@
+"""Build NeMo Gym 0.7.0's three profile outputs from a :class:`ProfileState` (spec §2).
+
+Pure: no I/O. ``sample`` rows are returned as locators for the sink to read back. The same
+function gives the final profile and any partial one (``allow_partial=True``), so a snapshot
+taken mid-stream is by construction what batch ``ng_reward_profile`` writes for that prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from processors.kernels import GroupStats, describe_groups, summarize_present
+from processors.state import ProfileState
+from rewardstream.errors import ProfileError
+
+__all__ = ["CompletionSummary", "Profile", "TaskRow", "build_profile"]
+
+I64 = npt.NDArray[np.int64]
+_STATS = ("mean", "max", "min", "median", "std")
+_NO_ACROSS_SUFFIXES = (
+    *("/max", "/min", "/median", "/p5", "/p25", "/p75", "/p95", "/ci_low_95", "/ci_high_95"),
+    *("/ci_lower", "/ci_upper", "_ci_lower", "_ci_upper", "_ci95_lower", "_ci95_upper"),
+    *("/std_dev_across_runs", "/std_err_across_runs", "/avg_sample_std_dev"),
+)
+
+
+class CompletionSummary(NamedTuple):
+    """NeMo Gym's ``profile_completion_summary`` (spec §2.11), over the unmasked data."""
+
+    expected_rollout_rows: int
+    completed_rollout_rows: int
+    missing_rollout_rows: int
+    extra_rollout_rows: int
+    reward_profile_completion_pct: float
+    total_input_rows: int
+    complete_input_rows: int
+    partial_input_rows: int
+    missing_input_rows: int
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One ``_reward_profiling.jsonl`` line, with its ``sample`` still to be read back."""
+
+    head: dict[str, Any]
+    sample_locator: int
+    tail: dict[str, Any]
+    infos: list[bytes]
+
+    def render(self, sample: bytes) -> bytes:
+        """The line's bytes, given the serialized sample row."""
+        row = dict(self.head)
+        row["sample"] = orjson.Fragment(sample)
+        row.update(self.tail)
+        row["rollout_infos"] = orjson.Fragment(b"[" + b",".join(self.infos) + b"]")
+        return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything ``ng_reward_profile`` writes and prints."""
+
+    task_rows: list[TaskRow]
+    agent_metrics: list[dict[str, Any]]
+    repeat_metrics: list[dict[str, Any]]
+    summary: CompletionSummary
+    masked_rollouts: int
+    profiled_rollouts: int
+    columns: list[str] = field(default_factory=list)
+
+
+def _key_list(keys: npt.NDArray[Any]) -> str:
+    return str([(int(t), int(r)) for t, r in keys[:10]])
+
+
+class _Keys(NamedTuple):
+    unique: npt.NDArray[Any]
+    of_input: I64
+    of_result: I64
+
+
+def _align(state: ProfileState, allow_partial: bool) -> _Keys:
+    """Dense key ids plus NeMo Gym's alignment checks, in its order (spec §2.3)."""
+    n_in = state.num_inputs
+    keys = np.empty(n_in + state.num_results, dtype=[("t", "<i8"), ("r", "<i8")])
+    keys["t"] = np.concatenate([state.column(state.in_task), state.column(state.res_task)])
+    keys["r"] = np.concatenate([state.column(state.in_rollout), state.column(state.res_rollout)])
+    unique, inverse = np.unique(keys, return_inverse=True)
+    inverse = inverse.reshape(-1).astype(np.int64)
+    k_in, k_res = inverse[:n_in], inverse[n_in:]
+    c_in = np.bincount(k_in, minlength=len(unique))
+    c_res = np.bincount(k_res, minlength=len(unique))
+    for counts, what in ((c_in, "materialized input"), (c_res, "result")):
+        dup = np.flatnonzero(counts > 1)
+        if len(dup):
+            t, r = unique[dup[0]]
+            raise ProfileError(f"Duplicate {what} row for rollout key ({t}, {r})")
+    extra = np.flatnonzero((c_res > 0) & (c_in == 0))
+    if len(extra):
+        raise ProfileError(
+            "Rollout results contain rows with no matching materialized input rows. "
+            f"Found {len(extra)} extra rollout rows. Extra rollout keys: {_key_list(unique[extra])}"
+        )
+    missing = np.flatnonzero((c_in > 0) & (c_res == 0))
+    if len(missing) and not allow_partial:
+        raise ProfileError(
+            "Materialized input rows and rollout results do not have matching rollout keys. "
+            f"Missing rollout results for {len(missing)} materialized input rows. "
+            f"Missing rollout keys: {_key_list(unique[missing])}.\n\n"
+            "Use ++allow_partial_rollouts=True to profile completed rollouts from a partial "
+            "collection."
+        )
+    return _Keys(unique, k_in, k_res)
+
+
+def _pair_counts(a: I64, b: I64) -> dict[tuple[int, int], int]:
+    if not len(a):
+        return {}
+    pairs, counts = np.unique(np.stack([a, b], axis=1), axis=0, return_counts=True)
+    return {(int(x), int(y)): int(c) for (x, y), c in zip(pairs, counts, strict=True)}
+
+
+def _summary(task: I64, run_key: I64, matched: npt.NDArray[np.bool_]) -> CompletionSummary:
+    """Extras never reach here: they fail alignment in both modes."""
+    expected = _pair_counts(task, run_key)
+    done = _pair_counts(task[matched], run_key[matched])
+    completed = int(matched.sum())
+    total = len(task)
+    complete = sum(1 for k, n in expected.items() if done.get(k, 0) == n)
+    without = sum(1 for k in expected if k not in done)
+    return CompletionSummary(
+        expected_rollout_rows=total,
+        completed_rollout_rows=completed,
+        missing_rollout_rows=total - completed,
+        extra_rollout_rows=0,
+        reward_profile_completion_pct=100.0 * completed / total if total else 100.0,
+        total_input_rows=len(expected),
+        complete_input_rows=complete,
+        partial_input_rows=len(expected) - complete - without,
+        missing_input_rows=without,
+    )
+
+
+def _labels(run_key: I64, agent: I64, names: list[str]) -> dict[int, int]:
+    """Run key -> label name id (spec §2.5), from the measured rows in file order."""
+    first_agent: dict[int, int] = {}
+    keys_of_agent: dict[int, set[int]] = {}
+    for rk, ag in zip(run_key.tolist(), agent.tolist(), strict=True):
+        if rk < 0:
+            continue
+        first_agent.setdefault(rk, ag)
+        if ag >= 0:
+            keys_of_agent.setdefault(ag, set()).add(rk)
+    label = {
+        rk: ag if ag >= 0 and len(keys_of_agent[ag]) == 1 else rk for rk, ag in first_agent.items()
+    }
+    users: dict[str, int] = {}
+    for lab in label.values():
+        users[names[lab]] = users.get(names[lab], 0) + 1
+    return {rk: rk if users[names[lab]] > 1 else lab for rk, lab in label.items()}
+
+
+class _Frame(NamedTuple):
+    """Measured matched records in key order, as a dense (rollout x column) matrix."""
+
+    columns: list[str]
+    values: npt.NDArray[np.float64]
+    all_int: bool
+
+
+def _frame(state: ProfileState, results: I64) -> _Frame:
+    schema_of = state.column(state.res_schema)
+    widths = np.array([len(names) for names, _ in state.schemas] or [0], dtype=np.int64)
+    res_widths = widths[schema_of]
+    starts = np.cumsum(res_widths) - res_widths
+    pool = state.column(state.pool)
+    schemas = schema_of[results]
+    order = np.argsort(schemas, kind="stable")
+    bounds = np.flatnonzero(np.diff(schemas[order])) + 1
+    groups = np.split(order, bounds) if len(order) else []
+    groups.sort(key=lambda g: int(g[0]))  # first appearance in key order
+    columns: dict[str, int] = {}
+    int_rows = np.zeros(0, dtype=np.int64)
+    placed = []
+    for rows in groups:
+        names, is_int = state.schemas[int(schemas[rows[0]])]
+        cols = [columns.setdefault(n, len(columns)) for n in names]
+        if len(int_rows) < len(columns):
+            int_rows = np.pad(int_rows, (0, len(columns) - len(int_rows)))
+        for c, flag in zip(cols, is_int, strict=True):
+            int_rows[c] += len(rows) if flag else 0
+        placed.append((rows, cols))
+    values = np.full((len(results), len(columns)), np.nan)
+    for rows, cols in placed:
+        pos = starts[results[rows]][:, None] + np.arange(len(cols))
+        values[rows[:, None], np.asarray(cols, dtype=np.int64)[None, :]] = pool[pos]
+    all_int = bool(np.all(int_rows == len(results)))
+    return _Frame(list(columns), values, all_int)
+
+
+def _describe_segments(values: npt.NDArray[np.float64], starts: I64, sizes: I64) -> GroupStats:
+    """Stats of contiguous row segments, vectorised over all segments of equal size."""
+    n_cols, n_groups = values.shape[1], len(starts)
+    out = [np.full((n_cols, n_groups), np.nan) for _ in range(5)]
+    count = np.zeros((n_cols, n_groups), dtype=np.int64)
+    for size in np.unique(sizes).tolist():
+        which = np.flatnonzero(sizes == size)
+        idx = starts[which][:, None] + np.arange(size)
+        block = np.ascontiguousarray(values[idx].transpose(2, 0, 1))
+        stats = describe_groups(block)
+        count[:, which] = stats.count
+        for target, got in zip(out, stats[1:], strict=True):
+            target[:, which] = got
+    mean, mx, mn, median, std = out
+    if n_cols:  # NaN->0 std rule (spec §2.7.3)
+        fill = np.isnan(std).all(axis=0)[None, :] & (count == sizes[None, :])
+        std = np.where(fill, 0.0, std)
+    return GroupStats(count, mean, mx, mn, median, std)
+
+
+def _stat_dicts(stats: GroupStats, columns: list[str], all_int: bool) -> Iterator[dict[str, Any]]:
+    """One ``mean/* max/* min/* median/* std/*`` dict per group; missing stats omitted."""
+    keyed = []
+    for stat, arr in zip(_STATS, (stats.mean, stats.max, stats.min, stats.median, stats.std), strict=True):
+        as_int = all_int and stat in ("max", "min")
+        for c, name in enumerate(columns):
+            keyed.append((f"{stat}/{name}", arr[c].tolist(), as_int))
+    for g in range(stats.count.shape[1] if stats.count.ndim == 2 else 0):
+        row: dict[str, Any] = {}
+        for key, vals, as_int in keyed:
+            v = vals[g]
+            if v == v:  # not NaN
+                row[key] = int(v) if as_int else v
+        yield row
+
+
+def _repeat_entries(
+    label: str, rollouts: I64, tasks: I64, values: npt.NDArray[np.float64], columns: list[str]
+) -> list[dict[str, Any]]:
+    by_name = sorted(range(len(columns)), key=lambda c: columns[c])
+    n_tasks = len(np.unique(tasks))
+    entries = []
+    for r in np.unique(rollouts).tolist():
+        rows = np.flatnonzero(rollouts == r)
+        entry: dict[str, Any] = {
+            "agent_ref": {"name": label},
+            "_ng_rollout_index": r,
+            "sample_count": len(rows),
+            "missing_count": n_tasks - len(rows),
+        }
+        for c in by_name:
+            s = summarize_present(values[rows, c])
+            if s is None:
+                continue
+            name = columns[c]
+            entry |= {
+                f"mean/{name}": s.mean,
+                f"median/{name}": s.median,
+                f"std/{name}": s.std,
+                f"sem/{name}": s.se,
+                f"min/{name}": s.min,
+                f"max/{name}": s.max,
+                f"p25/{name}": s.p25,
+                f"p75/{name}": s.p75,
+            }
+            if s.ci is not None:
+                entry[f"ci_low_95/{name}"], entry[f"ci_high_95/{name}"] = s.ci
+        entries.append(entry)
+    return entries
+
+
+def _across_repeats(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    keys: dict[str, None] = {}
+    for entry in entries:
+        for key in entry:
+            if (
+                key.startswith("mean/")
+                and not key.endswith(_NO_ACROSS_SUFFIXES)
+                and "_across_repeats/" not in key
+            ):
+                keys[key] = None
+    out: dict[str, Any] = {}
+    for key in keys:
+        x = np.array([e[key] for e in entries if key in e], dtype=np.float64)
+        s = summarize_present(x)
+        assert s is not None
+        out |= {
+            f"mean_across_repeats/{key}": s.mean,
+            f"median_across_repeats/{key}": s.median,
+            f"std_across_repeats/{key}": s.std,
+            f"min_across_repeats/{key}": s.min,
+            f"max_across_repeats/{key}": s.max,
+            f"se_across_repeats/{key}": s.se,
+        }
+        if s.ci is not None:
+            out[f"ci_low_95_across_repeats/{key}"], out[f"ci_high_95_across_repeats/{key}"] = s.ci
+    return out
+
+
+def _coverage(agent: I64, task: I64, masked: npt.NDArray[np.bool_]) -> dict[int, dict[str, int]]:
+    """``coverage/*`` per agent that has a masked result, in order of first result (spec §2.4)."""
+    out: dict[int, dict[str, int]] = {}
+    for ag in dict.fromkeys(agent[masked].tolist()):
+        if ag < 0:
+            continue
+        mine = agent == ag
+        kept = mine & ~masked
+        measured_tasks = set(task[kept].tolist())
+        out[ag] = {
+            "coverage/measured_rollouts": int(kept.sum()),
+            "coverage/masked_rollouts": int((mine & masked).sum()),
+            "coverage/measured_tasks": len(measured_tasks),
+            "coverage/fully_masked_tasks": len(set(task[mine].tolist()) - measured_tasks),
+        }
+    first = {ag: int(np.flatnonzero(agent == ag)[0]) for ag in out}
+    return dict(sorted(out.items(), key=lambda kv: first[kv[0]]))
+
+
+def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
+    """The profile NeMo Gym 0.7.0 would write for the rows and results in ``state``."""
+    keys = _align(state, allow_partial)
+    names = state.names
+    in_task = state.column(state.in_task)
+    in_agent = state.column(state.in_agent).astype(np.int64)
+    in_server = state.column(state.in_server).astype(np.int64)
+    in_locator = state.column(state.in_locator)
+    run_key = np.where(in_server >= 0, in_server, in_agent)
+
+    row_of_key = np.full(len(keys.unique), -1, dtype=np.int64)
+    row_of_key[keys.of_input] = np.arange(state.num_inputs)
+    res_row = row_of_key[keys.of_result]
+    has_result = np.zeros(len(keys.unique), dtype=bool)
+    has_result[keys.of_result] = True
+    summary = _summary(in_task, run_key, has_result[keys.of_input])
+
+    res_masked = state.column(state.res_masked).astype(bool)
+    masked_key = np.zeros(len(keys.unique), dtype=bool)
+    masked_key[keys.of_result[res_masked]] = True
+    measured_rows = ~masked_key[keys.of_input]
+
+    label_of = _labels(run_key[measured_rows], in_agent[measured_rows], names)
+    row_label = np.array([label_of.get(k, -1) for k in run_key.tolist()], dtype=np.int64)
+    m_task, m_label = in_task[measured_rows], row_label[measured_rows]
+    labelled = m_label >= 0
+    pairs = np.unique(np.stack([m_task[labelled], m_label[labelled]], axis=1), axis=0)
+    fan_out = bool(len(pairs)) and bool(np.any(np.unique(pairs[:, 0], return_counts=True)[1] > 1))
+
+    # measured matched results in key order
+    results = np.flatnonzero(~res_masked)
+    results = results[np.argsort(keys.of_result[results], kind="stable")]
+    r_row = res_row[results]
+    r_task, r_label = in_task[r_row], row_label[r_row]
+    r_rollout = state.column(state.res_rollout)[results]
+    frame = _frame(state, results)
+
+    # task rows: group by task, or by (task, label) under fan-out (spec §2.5, §2.8)
+    rank = {lab: i for i, lab in enumerate(sorted(set(label_of.values()), key=lambda x: names[x]))}
+    if fan_out:
+        keep = np.flatnonzero(r_label >= 0)
+        r_rank = np.array([rank[x] for x in r_label[keep].tolist()], dtype=np.int64)
+        keep = keep[np.lexsort((keep, r_rank, r_task[keep]))]
+        group_key = np.stack([r_task[keep], r_label[keep]], axis=1)
+        expected = _pair_counts(m_task[labelled], m_label[labelled])
+    else:
+        keep = np.arange(len(results))
+        group_key = np.stack([r_task, np.full(len(results), -1)], axis=1)
+        expected = _pair_counts(m_task, np.full(len(m_task), -1))
+    boundary = np.any(np.diff(group_key, axis=0) != 0, axis=1)
+    g_starts = np.flatnonzero(np.r_[len(keep) > 0, boundary]).astype(np.int64)
+    g_sizes = np.diff(np.r_[g_starts, len(keep)]).astype(np.int64)
+    stats = _describe_segments(frame.values[keep], g_starts, g_sizes)
+    task_rows = []
+    for g, head in enumerate(_stat_dicts(stats, frame.columns, frame.all_int)):
+        first = int(g_starts[g])
+        task, lab = (int(x) for x in group_key[first])
+        members = keep[first : first + int(g_sizes[g])]
+        head = {"_ng_task_index": task} | head
+        if fan_out:
+            head["agent_ref"] = {"name": names[lab]}
+        num = len(members)
+        exp = expected[(task, lab)]
+        tail = {
+            "num_rollouts": num,
+            "expected_num_rollouts": exp,
+            "missing_num_rollouts": exp - num,
+            "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
+        }
+        infos = [state.info(int(i)) for i in results[members].tolist()]
+        task_rows.append(TaskRow(head, int(in_locator[r_row[members[0]]]), tail, infos))
+
+    # agent entries and repeat rows, per label sorted by name (spec §2.9, §2.10)
+    agent_metrics: list[dict[str, Any]] = []
+    repeat_metrics: list[dict[str, Any]] = []
+    for lab in sorted(set(r_label[r_label >= 0].tolist()), key=lambda x: names[x]):
+        rows = np.flatnonzero(r_label == lab)
+        one = np.zeros(1, dtype=np.int64)
+        agent_stats = _describe_segments(frame.values[rows], one, np.array([len(rows)]))
+        entry = next(_stat_dicts(agent_stats, frame.columns, frame.all_int))
+        entry["agent_ref"] = {"name": names[lab]}
+        if len(np.unique(r_rollout[rows])) > 1:
+            entries = _repeat_entries(
+                names[lab], r_rollout[rows], r_task[rows], frame.values[rows], frame.columns
+            )
+            repeat_metrics.extend(entries)
+            entry |= _across_repeats(entries)
+        agent_metrics.append(entry)
+
+    # coverage keys, from every matched result in key order (spec §2.4)
+    all_results = np.argsort(keys.of_result, kind="stable")
+    coverage = _coverage(
+        in_agent[res_row[all_results]], in_task[res_row[all_results]], res_masked[all_results]
+    )
+    by_name = {e["agent_ref"]["name"]: e for e in agent_metrics}
+    for ag, cov in coverage.items():
+        if names[ag] in by_name:
+            by_name[names[ag]].update(cov)
+        else:
+            agent_metrics.append({"agent_ref": {"name": names[ag]}} | cov)
+
+    return Profile(
+        task_rows=task_rows,
+        agent_metrics=agent_metrics,
+        repeat_metrics=repeat_metrics,
+        summary=summary,
+        masked_rollouts=int(res_masked.sum()),
+        profiled_rollouts=len(results),
+        columns=frame.columns,
+    )
+

@@ -1,0 +1,110 @@
+"""Write NeMo Gym's profile files atomically, reading each ``sample`` row back from its file.
+
+Nothing is written unless everything succeeds: all three files go to temporary names in the
+target folder first and are renamed into place together, so an error (or a kill) never leaves
+a half-written profile, and stale files from an earlier run stay untouched until then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+import orjson
+
+from processors.profile import Profile
+from rewardstream.errors import InputError
+
+__all__ = ["InputsFile", "ProfilePaths", "summary_lines", "write_profile"]
+
+
+class ProfilePaths(NamedTuple):
+    """The three files ``ng_reward_profile`` writes next to the rollouts file."""
+
+    reward_profiling: Path
+    agent_metrics: Path
+    repeat_level_metrics: Path
+
+    @classmethod
+    def next_to(cls, rollouts: str | os.PathLike[str]) -> ProfilePaths:
+        r = Path(rollouts)
+        return cls(
+            r.with_name(f"{r.stem}_reward_profiling.jsonl"),
+            r.with_name(f"{r.stem}_agent_metrics.json"),
+            r.with_name(f"{r.stem}_repeat_level_metrics.json"),
+        )
+
+
+class InputsFile:
+    """Reads materialized rows back by byte offset and renders them as ``sample`` values."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+        self._fh: BinaryIO = open(path, "rb")  # noqa: SIM115 - closed by close()/__exit__
+
+    def sample(self, offset: int) -> bytes:
+        self._fh.seek(offset)
+        row = orjson.loads(self._fh.readline())
+        row.pop("_ng_task_index", None)
+        row.pop("_ng_rollout_index", None)
+        return orjson.dumps(row)
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> InputsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _chunks(profile: Profile, sample: Callable[[int], bytes]) -> Iterable[bytes]:
+    for row in profile.task_rows:
+        yield row.render(sample(row.sample_locator))
+
+
+def write_profile(profile: Profile, paths: ProfilePaths, sample: Callable[[int], bytes]) -> None:
+    """Write the three files; all or nothing."""
+    contents: list[Iterable[bytes]] = [
+        _chunks(profile, sample),
+        [orjson.dumps(profile.agent_metrics)],
+        [orjson.dumps(profile.repeat_metrics)],
+    ]
+    temps: list[tuple[str, Path]] = []
+    try:
+        for target, chunks in zip(paths, contents, strict=True):
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+            temps.append((tmp, target))
+            with os.fdopen(fd, "wb") as fh:
+                fh.writelines(chunks)
+        for tmp, target in temps:
+            os.replace(tmp, target)
+    except OSError as exc:
+        raise InputError(f"Cannot write '{paths.reward_profiling.parent}': {exc.strerror or exc}") from None
+    finally:
+        for tmp, _ in temps:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def summary_lines(profile: Profile, paths: ProfilePaths) -> list[str]:
+    """The seven stdout lines NeMo Gym 0.7.0 prints after profiling (spec §2.11)."""
+    s = profile.summary
+    return [
+        "Profiling outputs:",
+        f"Reward profile completion: {s.completed_rollout_rows}/{s.expected_rollout_rows} "
+        f"rollout rows ({s.reward_profile_completion_pct:.2f}%)",
+        f"Input rows: {s.total_input_rows} total; {s.complete_input_rows} complete; "
+        f"{s.partial_input_rows} partial; {s.missing_input_rows} without rollouts dropped "
+        "from output.",
+        f"Masked from quality metrics: {profile.masked_rollouts} rollout rows (kept in "
+        "completion accounting above).",
+        f"Reward profiling outputs: {paths.reward_profiling}",
+        f"Agent-level metrics: {paths.agent_metrics}",
+        f"Repeat-level metrics: {paths.repeat_level_metrics}",
+    ]
