@@ -63,7 +63,11 @@ def describe_groups(values: F64) -> GroupStats:
     std = np.sqrt(np.where(count > 1, var, np.nan))
     mx = np.fmax.reduce(values, axis=-1)
     mn = np.fmin.reduce(values, axis=-1)
-    ordered = np.sort(values, axis=-1)  # NaN sorts last
+    n = values.shape[-1]
+    if n and bool(present.all()):  # the common case: partition, O(n), at the two middle slots
+        ordered = np.partition(values, sorted({max(n // 2 - 1, 0), n // 2}), axis=-1)
+    else:
+        ordered = np.sort(values, axis=-1)  # NaN sorts last
     hi_idx = np.clip(count // 2, 0, max(values.shape[-1] - 1, 0))
     lo_idx = np.clip(count // 2 - 1 + (count % 2), 0, max(values.shape[-1] - 1, 0))
     if values.shape[-1]:
@@ -106,9 +110,10 @@ def quantile_linear(ordered: F64, p: float) -> float:
 
 @lru_cache(maxsize=4096)
 def _t_ppf(q: float, df: int) -> float:
-    from scipy.stats import t  # imported lazily: scipy costs ~0.3 s and only CIs need it
+    # scipy.stats.t.ppf(q, df) is stdtrit(df, q) * 1 + 0; scipy.special imports ~10x faster
+    from scipy.special import stdtrit
 
-    return float(t.ppf(q, df))
+    return float(stdtrit(df, q))
 
 
 _Q_LO = (1 - 0.95) / 2  # 0.025000000000000022 in binary64, as in the reference
@@ -137,8 +142,12 @@ def summarize_present(values: F64) -> Summary | None:
     else:
         std = 0.0
     se = std / n**0.5
-    ordered = np.sort(x)
     mid = n // 2
+    needed = {0, n - 1, max(mid - 1, 0), mid}
+    for p in (0.25, 0.75):
+        lo = math.floor((n - 1) * p)
+        needed |= {lo, min(lo + 1, n - 1)}
+    ordered = np.partition(x, sorted(needed))  # only these order statistics are read
     median = float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2
     return Summary(
         n=n,

@@ -8,7 +8,7 @@ taken mid-stream is by construction what batch ``ng_reward_profile`` writes for 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -46,25 +46,24 @@ class CompletionSummary(NamedTuple):
 
 @dataclass(frozen=True)
 class TaskRow:
-    """One ``_reward_profiling.jsonl`` line, with its ``sample`` still to be read back."""
+    """One ``_reward_profiling.jsonl`` line, with its ``sample`` still to be read back.
+
+    ``members`` are the group's result indices in rollout order (their ``rollout_infos``).
+    """
 
     head: dict[str, Any]
     sample_locator: int
     tail: dict[str, Any]
-    infos: list[bytes]
-
-    def render(self, sample: bytes) -> bytes:
-        """The line's bytes, given the serialized sample row."""
-        row = dict(self.head)
-        row["sample"] = orjson.Fragment(sample)
-        row.update(self.tail)
-        row["rollout_infos"] = orjson.Fragment(b"[" + b",".join(self.infos) + b"]")
-        return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+    members: I64
 
 
 @dataclass(frozen=True)
 class Profile:
-    """Everything ``ng_reward_profile`` writes and prints."""
+    """Everything ``ng_reward_profile`` writes and prints.
+
+    ``info_pool`` is the state's append-only buffer of serialized ``rollout_infos`` entries,
+    shared rather than copied; ``info_end`` holds each result's end offset in it.
+    """
 
     task_rows: list[TaskRow]
     agent_metrics: list[dict[str, Any]]
@@ -72,15 +71,40 @@ class Profile:
     summary: CompletionSummary
     masked_rollouts: int
     profiled_rollouts: int
-    columns: list[str] = field(default_factory=list)
+    columns: list[str]
+    info_pool: bytearray
+    info_end: I64
+
+    def render(self, row: TaskRow, sample: bytes) -> bytes:
+        """One task row's line, given its serialized sample row."""
+        pool, ends = self.info_pool, self.info_end
+        spans = zip((ends[row.members - 1] * (row.members > 0)).tolist(), ends[row.members].tolist(), strict=True)
+        line = dict(row.head)
+        line["sample"] = orjson.Fragment(sample)
+        line.update(row.tail)
+        line["rollout_infos"] = orjson.Fragment(b"[" + b",".join(pool[a:b] for a, b in spans) + b"]")
+        return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def _key_list(keys: npt.NDArray[Any]) -> str:
-    return str([(int(t), int(r)) for t, r in keys[:10]])
+def _encode(a: I64, b: I64) -> tuple[I64, Any]:
+    """Order-preserving int64 codes of (a, b) pairs, and a function decoding codes back.
+
+    Sorting codes sorts pairs lexicographically; this avoids numpy's slow structured sorts.
+    """
+    if not len(a):
+        return np.zeros(0, dtype=np.int64), lambda c: (c, c)
+    a0, b0 = int(a.min()), int(b.min())
+    span = int(b.max()) - b0 + 1
+    if (int(a.max()) - a0 + 1) * span >= 2**62:
+        raise ProfileError("task/rollout indices span too wide a range to profile")
+    codes = (a - a0) * span + (b - b0)
+    return codes, lambda c: (c // span + a0, c % span + b0)
 
 
 class _Keys(NamedTuple):
-    unique: npt.NDArray[Any]
+    """Dense key ids (ascending (task, rollout) order) of every row and every result."""
+
+    count: int
     of_input: I64
     of_result: I64
 
@@ -88,42 +112,46 @@ class _Keys(NamedTuple):
 def _align(state: ProfileState, allow_partial: bool) -> _Keys:
     """Dense key ids plus NeMo Gym's alignment checks, in its order (spec §2.3)."""
     n_in = state.num_inputs
-    keys = np.empty(n_in + state.num_results, dtype=[("t", "<i8"), ("r", "<i8")])
-    keys["t"] = np.concatenate([state.column(state.in_task), state.column(state.res_task)])
-    keys["r"] = np.concatenate([state.column(state.in_rollout), state.column(state.res_rollout)])
-    unique, inverse = np.unique(keys, return_inverse=True)
-    inverse = inverse.reshape(-1).astype(np.int64)
+    tasks = np.concatenate([state.column(state.in_task), state.column(state.res_task)])
+    rollouts = np.concatenate([state.column(state.in_rollout), state.column(state.res_rollout)])
+    codes, decode = _encode(tasks, rollouts)
+    unique, inverse = np.unique(codes, return_inverse=True)
+    inverse = inverse.astype(np.int64)
     k_in, k_res = inverse[:n_in], inverse[n_in:]
     c_in = np.bincount(k_in, minlength=len(unique))
     c_res = np.bincount(k_res, minlength=len(unique))
+
+    def keys(ids: I64) -> str:
+        t, r = decode(unique[ids[:10]])
+        return str(list(zip(t.tolist(), r.tolist(), strict=True)))
+
     for counts, what in ((c_in, "materialized input"), (c_res, "result")):
         dup = np.flatnonzero(counts > 1)
         if len(dup):
-            t, r = unique[dup[0]]
-            raise ProfileError(f"Duplicate {what} row for rollout key ({t}, {r})")
+            raise ProfileError(f"Duplicate {what} row for rollout key {keys(dup)[1:-1]}")
     extra = np.flatnonzero((c_res > 0) & (c_in == 0))
     if len(extra):
         raise ProfileError(
             "Rollout results contain rows with no matching materialized input rows. "
-            f"Found {len(extra)} extra rollout rows. Extra rollout keys: {_key_list(unique[extra])}"
+            f"Found {len(extra)} extra rollout rows. Extra rollout keys: {keys(extra)}"
         )
     missing = np.flatnonzero((c_in > 0) & (c_res == 0))
     if len(missing) and not allow_partial:
         raise ProfileError(
             "Materialized input rows and rollout results do not have matching rollout keys. "
             f"Missing rollout results for {len(missing)} materialized input rows. "
-            f"Missing rollout keys: {_key_list(unique[missing])}.\n\n"
+            f"Missing rollout keys: {keys(missing)}.\n\n"
             "Use ++allow_partial_rollouts=True to profile completed rollouts from a partial "
             "collection."
         )
-    return _Keys(unique, k_in, k_res)
+    return _Keys(len(unique), k_in, k_res)
 
 
 def _pair_counts(a: I64, b: I64) -> dict[tuple[int, int], int]:
-    if not len(a):
-        return {}
-    pairs, counts = np.unique(np.stack([a, b], axis=1), axis=0, return_counts=True)
-    return {(int(x), int(y)): int(c) for (x, y), c in zip(pairs, counts, strict=True)}
+    codes, decode = _encode(a, b)
+    unique, counts = np.unique(codes, return_counts=True)
+    x, y = decode(unique)
+    return dict(zip(zip(x.tolist(), y.tolist(), strict=True), counts.tolist(), strict=True))
 
 
 def _summary(task: I64, run_key: I64, matched: npt.NDArray[np.bool_]) -> CompletionSummary:
@@ -149,16 +177,16 @@ def _summary(task: I64, run_key: I64, matched: npt.NDArray[np.bool_]) -> Complet
 
 def _labels(run_key: I64, agent: I64, names: list[str]) -> dict[int, int]:
     """Run key -> label name id (spec §2.5), from the measured rows in file order."""
-    first_agent: dict[int, int] = {}
-    keys_of_agent: dict[int, set[int]] = {}
-    for rk, ag in zip(run_key.tolist(), agent.tolist(), strict=True):
-        if rk < 0:
-            continue
-        first_agent.setdefault(rk, ag)
-        if ag >= 0:
-            keys_of_agent.setdefault(ag, set()).add(rk)
+    known = run_key >= 0
+    run_key, agent = run_key[known], agent[known]
+    keys, first = np.unique(run_key, return_index=True)
+    first_agent = dict(zip(keys.tolist(), agent[first].tolist(), strict=True))
+    codes, decode = _encode(agent, run_key)
+    pair_agent, _ = decode(np.unique(codes))
+    ags, n_keys = np.unique(pair_agent, return_counts=True)
+    keys_per_agent = dict(zip(ags.tolist(), n_keys.tolist(), strict=True))
     label = {
-        rk: ag if ag >= 0 and len(keys_of_agent[ag]) == 1 else rk for rk, ag in first_agent.items()
+        rk: ag if ag >= 0 and keys_per_agent[ag] == 1 else rk for rk, ag in first_agent.items()
     }
     users: dict[str, int] = {}
     for lab in label.values():
@@ -332,28 +360,31 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     in_locator = state.column(state.in_locator)
     run_key = np.where(in_server >= 0, in_server, in_agent)
 
-    row_of_key = np.full(len(keys.unique), -1, dtype=np.int64)
+    row_of_key = np.full(keys.count, -1, dtype=np.int64)
     row_of_key[keys.of_input] = np.arange(state.num_inputs)
     res_row = row_of_key[keys.of_result]
-    has_result = np.zeros(len(keys.unique), dtype=bool)
+    has_result = np.zeros(keys.count, dtype=bool)
     has_result[keys.of_result] = True
     summary = _summary(in_task, run_key, has_result[keys.of_input])
 
     res_masked = state.column(state.res_masked).astype(bool)
-    masked_key = np.zeros(len(keys.unique), dtype=bool)
+    masked_key = np.zeros(keys.count, dtype=bool)
     masked_key[keys.of_result[res_masked]] = True
     measured_rows = ~masked_key[keys.of_input]
 
     label_of = _labels(run_key[measured_rows], in_agent[measured_rows], names)
-    row_label = np.array([label_of.get(k, -1) for k in run_key.tolist()], dtype=np.int64)
+    lookup = np.full(len(names) + 1, -1, dtype=np.int64)  # index -1 (no run key) -> no label
+    lookup[list(label_of)] = list(label_of.values())
+    row_label = lookup[run_key]
     m_task, m_label = in_task[measured_rows], row_label[measured_rows]
     labelled = m_label >= 0
-    pairs = np.unique(np.stack([m_task[labelled], m_label[labelled]], axis=1), axis=0)
-    fan_out = bool(len(pairs)) and bool(np.any(np.unique(pairs[:, 0], return_counts=True)[1] > 1))
+    pair_codes, decode = _encode(m_task[labelled], m_label[labelled])
+    pair_tasks = decode(np.unique(pair_codes))[0]
+    fan_out = len(pair_tasks) != len(np.unique(pair_tasks))  # a task with two labels
 
     # measured matched results in key order
-    results = np.flatnonzero(~res_masked)
-    results = results[np.argsort(keys.of_result[results], kind="stable")]
+    by_key = np.argsort(keys.of_result, kind="stable")
+    results = by_key[~res_masked[by_key]]
     r_row = res_row[results]
     r_task, r_label = in_task[r_row], row_label[r_row]
     r_rollout = state.column(state.res_rollout)[results]
@@ -376,10 +407,11 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     g_sizes = np.diff(np.r_[g_starts, len(keep)]).astype(np.int64)
     stats = _describe_segments(frame.values[keep], g_starts, g_sizes)
     task_rows = []
+    firsts = group_key[g_starts].tolist()
     for g, head in enumerate(_stat_dicts(stats, frame.columns, frame.all_int)):
         first = int(g_starts[g])
-        task, lab = (int(x) for x in group_key[first])
-        members = keep[first : first + int(g_sizes[g])]
+        task, lab = firsts[g]
+        members = results[keep[first : first + int(g_sizes[g])]]
         head = {"_ng_task_index": task} | head
         if fan_out:
             head["agent_ref"] = {"name": names[lab]}
@@ -391,8 +423,7 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
             "missing_num_rollouts": exp - num,
             "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
         }
-        infos = [state.info(int(i)) for i in results[members].tolist()]
-        task_rows.append(TaskRow(head, int(in_locator[r_row[members[0]]]), tail, infos))
+        task_rows.append(TaskRow(head, int(in_locator[res_row[members[0]]]), tail, members))
 
     # agent entries and repeat rows, per label sorted by name (spec §2.9, §2.10)
     agent_metrics: list[dict[str, Any]] = []
@@ -412,10 +443,7 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         agent_metrics.append(entry)
 
     # coverage keys, from every matched result in key order (spec §2.4)
-    all_results = np.argsort(keys.of_result, kind="stable")
-    coverage = _coverage(
-        in_agent[res_row[all_results]], in_task[res_row[all_results]], res_masked[all_results]
-    )
+    coverage = _coverage(in_agent[res_row[by_key]], in_task[res_row[by_key]], res_masked[by_key])
     by_name = {e["agent_ref"]["name"]: e for e in agent_metrics}
     for ag, cov in coverage.items():
         if names[ag] in by_name:
@@ -431,5 +459,7 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         masked_rollouts=int(res_masked.sum()),
         profiled_rollouts=len(results),
         columns=frame.columns,
+        info_pool=state.info_pool,
+        info_end=state.column(state.info_end),
     )
 

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from rewardstream.errors import InputError
+from rewardstream.errors import InvalidRow
 
 __all__ = ["ResultRecord", "extract_result"]
 
@@ -32,38 +32,30 @@ class ResultRecord(NamedTuple):
     masked: bool
 
 
-def _number(value: Any) -> int | float | None:
-    kind = type(value)
-    if kind is bool:
-        return int(value)
-    if kind is int or kind is float:
-        return value  # type: ignore[no-any-return]
-    return None
-
-
-def _usage(result: dict[str, Any], where: str) -> dict[str, Any]:
+def _usage(result: dict[str, Any]) -> dict[str, Any]:
     response = result.get("response")
     if isinstance(response, dict):
         usage = response.get("usage")
         if isinstance(usage, dict):
             return usage
         if usage:
-            raise InputError(f"{where}: field 'response.usage' must be an object or null")
+            raise InvalidRow("field 'response.usage' must be an object or null")
         return {}
     if response:
-        raise InputError(f"{where}: field 'response' must be an object or null")
+        raise InvalidRow("field 'response' must be an object or null")
     return {}
 
 
-def extract_result(result: dict[str, Any], task: int, rollout: int, where: str) -> ResultRecord:
+def extract_result(result: dict[str, Any], task: int, rollout: int) -> ResultRecord:
     """Extract the numeric record and the ``rollout_infos`` entry of one result row.
 
-    ``where`` names the source (``file line N`` or an event id) for error messages.
+    This runs once per rollout on the hot path, so type checks are inlined (bools are ints in
+    Python: ``type(x) is`` keeps them apart).
     """
     masked = bool(result.get("mask_sample"))
     if "mask_sample" in result:
         result = {k: v for k, v in result.items() if k != "mask_sample"}
-    usage = _usage(result, where)
+    usage = _usage(result)
 
     # Stats: usage values win, at the result key's position (spec §2.6).
     merged = result | usage if usage else result
@@ -72,22 +64,24 @@ def extract_result(result: dict[str, Any], task: int, rollout: int, where: str) 
     values: list[float] = []
     exact: list[tuple[int, int]] = []
     for key, raw in merged.items():
-        if key.startswith("_") or key == "agent_name":
-            continue
-        num = _number(raw)
-        if num is None:
-            continue
-        if type(num) is int:
-            if not _INT64_MIN <= num <= _INT64_MAX:
+        kind = type(raw)
+        if kind is float:
+            flag = False
+        elif kind is int:
+            if not _INT64_MIN <= raw <= _INT64_MAX:
                 continue  # pandas keeps such ints in an object column: never numeric
-            if abs(num) > 2**53:
-                exact.append((len(values), num))
-            is_int.append(True)
-            values.append(float(num))
+            if abs(raw) > 2**53:
+                exact.append((len(values), raw))
+            flag = True
+        elif kind is bool:
+            flag = True
         else:
-            is_int.append(False)
-            values.append(num)
+            continue
+        if key[:1] == "_" or key == "agent_name":
+            continue
         names.append(key)
+        is_int.append(flag)
+        values.append(float(raw))
 
     # rollout_infos: top-level values win, at the usage key's position (spec §2.8).
     info: dict[str, Any] = {
@@ -97,16 +91,16 @@ def extract_result(result: dict[str, Any], task: int, rollout: int, where: str) 
     }
     if "reward" in result:
         info["reward"] = result["reward"]
-    for key, raw in usage.items():
-        num = _number(raw)
-        if num is not None:
-            info[key] = num
-    for key, raw in result.items():
-        if key.startswith("_") or key == "reward" or key == "response":
-            continue
-        num = _number(raw)
-        if num is not None:
-            info[key] = num
+    for source, skip_private in ((usage, False), (result, True)):
+        for key, raw in source.items():
+            kind = type(raw)
+            if kind is bool:
+                raw = int(raw)
+            elif kind is not int and kind is not float:
+                continue
+            if skip_private and (key[:1] == "_" or key == "reward" or key == "response"):
+                continue
+            info[key] = raw
     return ResultRecord(
         tuple(names), tuple(is_int), tuple(values), tuple(exact), orjson.dumps(info), masked
     )

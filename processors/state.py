@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from processors.records import ResultRecord, extract_result
 from processors.welford import RunningStats
-from rewardstream.errors import InputError
+from rewardstream.errors import InvalidRow
 
 __all__ = ["ProfileState", "row_key"]
 
@@ -27,24 +27,24 @@ _NO_NAME = -1
 _DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
 
 
-def row_key(row: dict[str, Any], where: str) -> tuple[int, int]:
+def row_key(row: dict[str, Any]) -> tuple[int, int]:
     """The (task, rollout) key of a row or result, with a clear error when it is unusable."""
     try:
         task, rollout = row["_ng_task_index"], row["_ng_rollout_index"]
     except KeyError as exc:
-        raise InputError(f"{where}: missing field {exc.args[0]!r}") from None
+        raise InvalidRow(f"missing field {exc.args[0]!r}") from None
     except TypeError:
-        raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}") from None
+        raise InvalidRow(f"expected a JSON object, got {type(row).__name__}") from None
     for name, value in (("_ng_task_index", task), ("_ng_rollout_index", rollout)):
         if type(value) is not int or not -(2**63) <= value < 2**63:
-            raise InputError(f"{where}: field {name!r} must be a 64-bit integer, got {value!r}")
+            raise InvalidRow(f"field {name!r} must be a 64-bit integer, got {value!r}")
     return task, rollout
 
 
-def _optional_name(value: Any, field: str, where: str) -> str | None:
+def _optional_name(value: Any, field: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
-    raise InputError(f"{where}: field {field!r} must be a string or null, got {value!r}")
+    raise InvalidRow(f"field {field!r} must be a string or null, got {value!r}")
 
 
 class ProfileState:
@@ -82,22 +82,22 @@ class ProfileState:
             self.names.append(name)
         return ident
 
-    def add_input(self, row: dict[str, Any], locator: int, where: str) -> None:
+    def add_input(self, row: dict[str, Any], locator: int) -> None:
         """Record one materialized row; ``locator`` lets the sink read its ``sample`` back."""
-        task, rollout = row_key(row, where)
+        task, rollout = row_key(row)
         agent_ref = row.get("agent_ref")
         agent = agent_ref.get("name") if isinstance(agent_ref, dict) else None
         self.in_task.append(task)
         self.in_rollout.append(rollout)
-        self.in_agent.append(self._name_id(_optional_name(agent, "agent_ref.name", where)))
-        server = _optional_name(row.get("_ng_environment_server"), "_ng_environment_server", where)
+        self.in_agent.append(self._name_id(_optional_name(agent, "agent_ref.name")))
+        server = _optional_name(row.get("_ng_environment_server"), "_ng_environment_server")
         self.in_server.append(self._name_id(server))
         self.in_locator.append(locator)
 
-    def add_result(self, result: dict[str, Any], where: str, agent: str | None = None) -> None:
+    def add_result(self, result: dict[str, Any], agent: str | None = None) -> None:
         """Record one result row. ``agent``, when the caller knows it, feeds the live stats."""
-        task, rollout = row_key(result, where)
-        self.add_record(task, rollout, extract_result(result, task, rollout, where), agent)
+        task, rollout = row_key(result)
+        self.add_record(task, rollout, extract_result(result, task, rollout), agent)
 
     def add_record(
         self, task: int, rollout: int, record: ResultRecord, agent: str | None = None
@@ -166,7 +166,3 @@ class ProfileState:
     def column(buf: array[Any]) -> npt.NDArray[Any]:
         """A numpy copy of a typed buffer (a copy, so the buffer can keep growing)."""
         return np.frombuffer(buf, dtype=_DTYPES[buf.typecode]).copy()
-
-    def info(self, index: int) -> bytes:
-        start = self.info_end[index - 1] if index else 0
-        return bytes(self.info_pool[start : self.info_end[index]])

@@ -6,8 +6,12 @@ kept only as byte offsets, read back for ``sample`` at write time.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import sys
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -15,7 +19,8 @@ from tqdm import tqdm
 
 from processors.profile import Profile, build_profile
 from processors.state import ProfileState
-from rewardstream.jsonl import check_input_file, iter_jsonl
+from rewardstream.errors import InvalidRow, LineError
+from rewardstream.jsonl import check_input_file, count_lines, iter_jsonl, split_ranges
 from sinks.files import InputsFile, ProfilePaths, summary_lines, write_profile
 
 __all__ = ["ProfileConfig", "load_state", "print_summary", "run_profile"]
@@ -32,33 +37,69 @@ class ProfileConfig(BaseModel):
     quiet: bool = False
 
 
-def _progress(path: Path, quiet: bool) -> tqdm[None]:
-    return tqdm(
-        total=os.path.getsize(path),
-        unit="B",
-        unit_scale=True,
-        desc=f"profiling {path.name}",
-        disable=quiet or not sys.stderr.isatty(),
-        mininterval=0.5,
-    )
+_PARALLEL_MIN_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
 
 
-def load_state(inputs: Path, rollouts: Path, quiet: bool = True) -> ProfileState:
-    """Read both files into a fresh state (inputs first, as NeMo Gym does)."""
+def _load_part(kind: str, path: Path, start: int, end: int) -> ProfileState:
+    """One worker's share: the rows or results of one byte range of one file."""
+    state = ProfileState()
+    add = state.add_input if kind == "inputs" else None
+    for line in iter_jsonl(path, start, end):
+        try:
+            if add is not None:
+                add(line.value, line.offset)
+            else:
+                state.add_result(line.value)
+        except InvalidRow as exc:
+            raise LineError(str(path), line.lineno, str(exc)) from None
+    return state
+
+
+def _parts(path: Path, kind: str, workers: int) -> list[tuple[str, Path, int, int]]:
+    size = os.path.getsize(path)
+    n = 1 if workers <= 1 or size < _PARALLEL_MIN_BYTES else workers * 4
+    return [(kind, path, a, b) for a, b in split_ranges(path, n)]
+
+
+def load_state(inputs: Path, rollouts: Path, quiet: bool = True, workers: int = 0) -> ProfileState:
+    """Read both files into one state (inputs first, as NeMo Gym does).
+
+    Large files are cut into line-aligned byte ranges parsed by ``workers`` processes (default:
+    one per core); their states are merged in file order, so the result equals one pass.
+    """
     check_input_file(inputs, "--inputs")
     check_input_file(rollouts, "--rollouts")
+    workers = workers or os.cpu_count() or 1
+    parts = _parts(inputs, "inputs", workers) + _parts(rollouts, "rollouts", workers)
     state = ProfileState()
-    for line in iter_jsonl(inputs):
-        state.add_input(line.value, line.offset, f"{inputs} line {line.lineno}")
-    with _progress(rollouts, quiet) as bar:
-        last = 0
-        for line in iter_jsonl(rollouts):
-            state.add_result(line.value, f"{rollouts} line {line.lineno}")
-            if line.lineno % 4096 == 0:
-                bar.update(line.offset - last)
-                last = line.offset
-        bar.update(bar.total - last)
+    total = sum(end - start for _, _, start, end in parts)
+    bar = tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"profiling {rollouts.name}",
+        disable=quiet or not sys.stderr.isatty(), mininterval=0.5,
+    )
+    with bar, contextlib.ExitStack() as stack:
+        if len(parts) > 2:
+            pool = stack.enter_context(
+                ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+            )
+            results: Iterator[ProfileState] = pool.map(_load_part, *zip(*parts, strict=True))
+        else:
+            results = (_load_part(*part) for part in parts)
+        for (_, _, start, end), part in zip(parts, _renumbered(results, parts), strict=True):
+            state.merge(part)
+            bar.update(end - start)
     return state
+
+
+def _renumbered(
+    results: Iterator[ProfileState], parts: list[tuple[str, Path, int, int]]
+) -> Iterator[ProfileState]:
+    """Re-raise a worker's line error with its line number counted from the file start."""
+    for _, path, start, _ in parts:
+        try:
+            yield next(results)
+        except LineError as exc:
+            raise exc.shifted(count_lines(path, start)) from None
 
 
 def run_profile(config: ProfileConfig) -> tuple[Profile, ProfilePaths]:

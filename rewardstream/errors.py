@@ -6,7 +6,7 @@ stderr and exit code 2, so no traceback ever reaches a user for bad input.
 
 from __future__ import annotations
 
-__all__ = ["InputError", "ProfileError", "RewardstreamError"]
+__all__ = ["InputError", "InvalidRow", "LineError", "ProfileError", "RewardstreamError"]
 
 
 class RewardstreamError(Exception):
@@ -15,6 +15,30 @@ class RewardstreamError(Exception):
 
 class InputError(RewardstreamError):
     """A file or one of its lines cannot be used; the message names the file and line."""
+
+
+class InvalidRow(InputError):
+    """A parsed row is unusable; raised by the pure core, which does not know where it came from."""
+
+
+class LineError(InputError):
+    """An unusable line, located: the reader wraps :class:`InvalidRow` and JSON errors in this."""
+
+    def __init__(self, path: str, lineno: int, reason: str, malformed: bool = False) -> None:
+        self.path, self.lineno, self.reason, self.malformed = path, lineno, reason, malformed
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        if self.malformed:  # NeMo Gym's wording (spec §0.2)
+            return f"Malformed JSON in '{self.path}' at line {self.lineno}: {self.reason}"
+        return f"{self.path} line {self.lineno}: {self.reason}"
+
+    def __reduce__(self) -> tuple[type[LineError], tuple[str, int, str, bool]]:
+        return (LineError, (self.path, self.lineno, self.reason, self.malformed))  # for workers
+
+    def shifted(self, lines: int) -> LineError:
+        """The same error, renumbered for a reader that started ``lines`` lines into the file."""
+        return LineError(self.path, self.lineno + lines, self.reason, self.malformed)
 
 
 class ProfileError(RewardstreamError, ValueError):

@@ -9,9 +9,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from rewardstream.errors import InputError
+from rewardstream.errors import InputError, LineError
 
-__all__ = ["JsonLine", "check_input_file", "iter_jsonl", "parse_line"]
+__all__ = ["JsonLine", "check_input_file", "count_lines", "iter_jsonl", "parse_line", "split_ranges"]
 
 _EMPTY_MESSAGE = "input data is empty: line 1 column 1 (char 0)"
 
@@ -45,20 +45,55 @@ def parse_line(raw: bytes, path: str | os.PathLike[str], lineno: int) -> Any:
     if raw.endswith(b"\r"):
         raw = raw[:-1]
     if not raw:
-        raise InputError(f"Malformed JSON in '{path}' at line {lineno}: {_EMPTY_MESSAGE}")
+        raise LineError(str(path), lineno, _EMPTY_MESSAGE, malformed=True)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InputError(f"Malformed JSON in '{path}' at line {lineno}: {exc}") from None
+        raise LineError(str(path), lineno, str(exc), malformed=True) from None
 
 
-def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[JsonLine]:
-    """Yield every line of a JSONL file with its byte offset; the file is streamed, never held."""
-    offset = 0
+def iter_jsonl(
+    path: str | os.PathLike[str], start: int = 0, end: int | None = None
+) -> Iterator[JsonLine]:
+    """Yield the lines starting in ``[start, end)`` with their byte offsets, streaming.
+
+    ``start`` must be a line start (see :func:`split_ranges`); line numbers count from it.
+    """
+    offset = start
     try:
         with open(path, "rb") as fh:
+            fh.seek(start)
             for lineno, raw in enumerate(fh, 1):
+                if end is not None and offset >= end:
+                    return
                 yield JsonLine(lineno, offset, parse_line(raw, path, lineno))
                 offset += len(raw)
     except OSError as exc:
         raise InputError(f"Cannot read '{path}': {exc.strerror or exc}") from None
+
+
+def split_ranges(path: str | os.PathLike[str], parts: int) -> list[tuple[int, int]]:
+    """Cut a file into about ``parts`` byte ranges that each begin at a line start."""
+    size = os.path.getsize(path)
+    cuts = [0]
+    with open(path, "rb") as fh:
+        for i in range(1, parts):
+            fh.seek(max(size * i // parts - 1, cuts[-1]))
+            fh.readline()
+            pos = fh.tell()
+            if cuts[-1] < pos < size:
+                cuts.append(pos)
+    return list(zip(cuts, [*cuts[1:], size], strict=True))
+
+
+def count_lines(path: str | os.PathLike[str], end: int) -> int:
+    """Number of lines before byte ``end`` (to renumber errors found by a ranged reader)."""
+    count, left = 0, end
+    with open(path, "rb") as fh:
+        while left > 0:
+            chunk = fh.read(min(left, 1 << 24))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            left -= len(chunk)
+    return count

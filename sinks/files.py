@@ -21,6 +21,9 @@ from rewardstream.errors import InputError
 
 __all__ = ["InputsFile", "ProfilePaths", "summary_lines", "write_profile"]
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 class ProfilePaths(NamedTuple):
     """The three files ``ng_reward_profile`` writes next to the rollouts file."""
@@ -65,31 +68,51 @@ class InputsFile:
 
 def _chunks(profile: Profile, sample: Callable[[int], bytes]) -> Iterable[bytes]:
     for row in profile.task_rows:
-        yield row.render(sample(row.sample_locator))
+        yield profile.render(row, sample(row.sample_locator))
 
 
 def write_profile(profile: Profile, paths: ProfilePaths, sample: Callable[[int], bytes]) -> None:
-    """Write the three files; all or nothing."""
+    """Write the three files; all or nothing (earlier files are put back if a later one fails)."""
     contents: list[Iterable[bytes]] = [
         _chunks(profile, sample),
         [orjson.dumps(profile.agent_metrics)],
         [orjson.dumps(profile.repeat_metrics)],
     ]
+    for target in paths:
+        if target.is_dir():
+            raise InputError(f"Cannot write '{target}': Is a directory")
     temps: list[tuple[str, Path]] = []
+    moved: list[tuple[Path, str]] = []  # (target, backup of what was there)
+    placed: list[Path] = []
     try:
         for target, chunks in zip(paths, contents, strict=True):
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
             temps.append((tmp, target))
+            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide results from teammates
             with os.fdopen(fd, "wb") as fh:
                 fh.writelines(chunks)
+        for _, target in temps:
+            if target.exists() or target.is_symlink():
+                backup = tempfile.mktemp(prefix=f".{target.name}.old.", dir=target.parent)
+                os.rename(target, backup)
+                moved.append((target, backup))
         for tmp, target in temps:
-            os.replace(tmp, target)
+            os.rename(tmp, target)
+            placed.append(target)
     except OSError as exc:
-        raise InputError(f"Cannot write '{paths.reward_profiling.parent}': {exc.strerror or exc}") from None
+        for target in placed:
+            os.unlink(target)
+        for target, backup in moved:
+            os.rename(backup, target)
+        moved.clear()
+        raise InputError(f"Cannot write '{exc.filename or paths.reward_profiling}': {exc.strerror or exc}") from None
     finally:
         for tmp, _ in temps:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        for _, backup in moved:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(backup)
 
 
 def summary_lines(profile: Profile, paths: ProfilePaths) -> list[str]:

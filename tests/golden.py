@@ -1,0 +1,47 @@
+"""The shared NeMo Gym goldens (``../shared/golden``) as test cases."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+GOLDEN = Path(os.environ.get("REWARDSTREAM_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
+OUTPUT_SUFFIXES = ("_reward_profiling.jsonl", "_agent_metrics.json", "_repeat_level_metrics.json")
+
+
+class GoldenCase(NamedTuple):
+    """One golden set: where its two inputs live, their stem, and the expected folder."""
+
+    name: str
+    source: Path
+    stem: str
+    expected: Path
+
+    def copy_inputs(self, dest: Path) -> tuple[Path, Path]:
+        """Copy the two inputs into ``dest``; returns (materialized inputs, rollouts)."""
+        inputs = dest / f"{self.stem}_materialized_inputs.jsonl"
+        rollouts = dest / f"{self.stem}.jsonl"
+        shutil.copy(self.source / inputs.name, inputs)
+        shutil.copy(self.source / rollouts.name, rollouts)
+        return inputs, rollouts
+
+
+def golden_cases() -> list[GoldenCase]:
+    """Every (set, mode) pair with an expectation in ``expected_pypi_0.7.0``."""
+    cases = []
+    sets = [
+        (name, GOLDEN / name / "upstream", "example_rollouts", GOLDEN / name / "expected_pypi_0.7.0")
+        for name in ("blackjack", "longmt_eval", "circle_click", "asr_with_pc")
+    ]
+    edge = GOLDEN / "edge_cases"
+    sets += [
+        (c.name, c, "rollouts", c / "expected_pypi_0.7.0")
+        for c in sorted(edge.iterdir()) if edge.exists()
+    ]
+    for name, source, stem, expected in sets:
+        cases.append(GoldenCase(name, source, stem, expected))
+        if (expected / "allow_partial").exists():
+            cases.append(GoldenCase(f"{name}+allow_partial", source, stem, expected / "allow_partial"))
+    return cases

@@ -1,0 +1,138 @@
+"""``ng_reward_profile`` / ``rewardstream profile``: one-line errors, exit 2, no partial output."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rewardstream.cli import main, ng_reward_profile
+from rewardstream.overrides import parse_overrides
+
+ROW = b'{"q":"x","agent_ref":{"name":"a"},"_ng_task_index":0,"_ng_rollout_index":0}\n'
+RESULT = b'{"reward":1.0,"_ng_task_index":0,"_ng_rollout_index":0}\n'
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    inputs, rollouts = tmp_path / "r_materialized_inputs.jsonl", tmp_path / "r.jsonl"
+    inputs.write_bytes(ROW)
+    rollouts.write_bytes(RESULT)
+    return inputs, rollouts
+
+
+def run(inputs: Path, rollouts: Path, *extra: str) -> int:
+    return ng_reward_profile(
+        [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}", *extra]
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (RESULT + b"\n", "Malformed JSON in '{p}' at line 2: input data is empty: line 1 column 1 (char 0)"),
+        (b'{"reward":NaN,"_ng_task_index":0,"_ng_rollout_index":0}\n', "Malformed JSON in '{p}' at line 1:"),
+        (b'{"reward":1e999}\n', "Malformed JSON in '{p}' at line 1: number is infinity"),
+        (b'{"reward":1.0,"_ng_rollout_index":0}\n', "{p} line 1: missing field '_ng_task_index'"),
+        (b'{"reward":1,"_ng_task_index":"0","_ng_rollout_index":0}\n', "{p} line 1: field '_ng_task_index' must be a 64-bit integer"),
+        (b'[1,2]\n', "{p} line 1: expected a JSON object"),
+        (b'\xff\xfe\n', "Malformed JSON in '{p}' at line 1: str is not valid UTF-8"),
+        (RESULT + RESULT, "ValueError: Duplicate result row for rollout key (0, 0)"),
+        (RESULT + b'{"reward":1,"_ng_task_index":5,"_ng_rollout_index":0}\n', "ValueError: Rollout results contain rows with no matching materialized input rows"),
+        (b'{"response":"oops","_ng_task_index":0,"_ng_rollout_index":0}\n', "{p} line 1: field 'response' must be an object or null"),
+    ],
+)
+def test_bad_rollouts_one_line_exit_2_nothing_written(
+    files: tuple[Path, Path], content: bytes, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inputs, rollouts = files
+    rollouts.write_bytes(content)
+    assert run(inputs, rollouts) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"ng_reward_profile: error: {message.format(p=rollouts)}")
+    assert sorted(p.name for p in inputs.parent.iterdir()) == sorted([inputs.name, rollouts.name])
+    assert rollouts.read_bytes() == content
+
+
+def test_error_line_numbers_count_from_file_start_with_parallel_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("rewardstream.batch._PARALLEL_MIN_BYTES", 1)
+    n = 2000
+    inputs, rollouts = tmp_path / "r_materialized_inputs.jsonl", tmp_path / "r.jsonl"
+    inputs.write_bytes(b"".join(ROW.replace(b'"_ng_task_index":0', b'"_ng_task_index":%d' % t) for t in range(n)))
+    lines = [RESULT.replace(b'"_ng_task_index":0', b'"_ng_task_index":%d' % t) for t in range(n)]
+    lines[1733] = b"{oops\n"
+    rollouts.write_bytes(b"".join(lines))
+    assert run(inputs, rollouts) == 2
+    assert f"'{rollouts}' at line 1734:" in capsys.readouterr().err
+
+
+def test_missing_file_and_directory(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    inputs, rollouts = files
+    assert run(inputs.with_name("nope.jsonl"), rollouts) == 2
+    assert "Input file not found: '" in capsys.readouterr().err
+    assert run(inputs, inputs.parent) == 2
+    assert "(--rollouts)" in capsys.readouterr().err
+
+
+def test_missing_configuration(capsys: pytest.CaptureFixture[str]) -> None:
+    assert ng_reward_profile(["+rollouts_jsonl_fpath=r.jsonl"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ng_reward_profile: error: missing required configuration: materialized_inputs_jsonl_fpath. "
+        "Provide each via its flag (see --help) or as a +materialized_inputs_jsonl_fpath=<value> override."
+    )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_output_folder(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    inputs, rollouts = files
+    rollouts.parent.chmod(0o555)
+    try:
+        assert run(inputs, rollouts) == 2
+        assert "Cannot write" in capsys.readouterr().err
+    finally:
+        rollouts.parent.chmod(0o755)
+
+
+def test_failed_write_keeps_stale_outputs(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    inputs, rollouts = files
+    agent = rollouts.with_name("r_agent_metrics.json")
+    agent.write_bytes(b"stale")
+    blocker = rollouts.with_name("r_repeat_level_metrics.json")
+    blocker.mkdir()  # os.replace onto a directory fails after the first files are ready
+    assert run(inputs, rollouts) == 2
+    assert "Cannot write" in capsys.readouterr().err
+    assert agent.read_bytes() == b"stale"
+    assert not rollouts.with_name("r_reward_profiling.jsonl").exists()
+    assert [p.name for p in rollouts.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_rewardstream_profile_flags(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    inputs, rollouts = files
+    assert main(["profile", "--inputs", str(inputs), "--rollouts", str(rollouts), "--quiet"]) == 0
+    assert "Reward profile completion: 1/1 rollout rows (100.00%)" in capsys.readouterr().out
+    assert rollouts.with_name("r_reward_profiling.jsonl").read_bytes().startswith(b'{"_ng_task_index":0')
+
+
+def test_console_script_exit_code(files: tuple[Path, Path]) -> None:
+    exe = shutil.which("ng_reward_profile", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    assert exe, "package not installed with its console scripts"
+    inputs, rollouts = files
+    rollouts.write_bytes(b"{bad\n")
+    proc = subprocess.run(
+        [exe, f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_overrides_are_typed_like_hydra() -> None:
+    got = parse_overrides(["+a=1", "++b=True", "c=0.5", "+d=[x, 'y z']", "+e.f=null", "+g=hello"])
+    assert got == {"a": 1, "b": True, "c": 0.5, "d": ["x", "y z"], "e": {"f": None}, "g": "hello"}

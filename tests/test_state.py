@@ -1,0 +1,136 @@
+"""Property tests of the profile state: merge, arrival order, partial prefixes, live stats."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processors.profile import Profile, build_profile
+from processors.state import ProfileState
+from processors.welford import Moments, RunningStats
+from rewardstream.errors import ProfileError
+
+Rows = list[dict[str, Any]]
+
+value = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 100), st.floats(-1e3, 1e3, allow_nan=False)
+)
+
+
+@st.composite
+def collections(draw: st.DrawFn) -> tuple[Rows, Rows]:
+    """Materialized rows and results: several agents, repeats, gaps, bools, nulls."""
+    agents = draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3, unique=True))
+    n_tasks = draw(st.integers(1, 6))
+    repeats = draw(st.integers(1, 4))
+    rows, results = [], []
+    for t in range(n_tasks):
+        agent = agents[t % len(agents)]
+        for r in range(repeats):
+            rows.append({"q": f"task {t}", "agent_ref": {"name": agent}, "_ng_task_index": t, "_ng_rollout_index": r})
+            result: dict[str, Any] = {"reward": draw(value)}
+            for col in ("score", "flag"):
+                if draw(st.booleans()):
+                    result[col] = draw(value)
+            if draw(st.booleans()):
+                result["response"] = {"usage": {"input_tokens": draw(st.integers(0, 50)), "total_tokens": draw(value)}}
+            result |= {"_ng_task_index": t, "_ng_rollout_index": r}
+            results.append(result)
+    return rows, results
+
+
+def state_of(rows: Rows, results: Rows) -> ProfileState:
+    state = ProfileState()
+    for i, row in enumerate(rows):
+        state.add_input(row, i)
+    for result in results:
+        state.add_result(result, agent=None)
+    return state
+
+
+def render(profile: Profile, rows: Rows) -> tuple[bytes, ...]:
+    def sample(i: int) -> bytes:
+        return orjson.dumps({k: v for k, v in rows[i].items() if k not in ("_ng_task_index", "_ng_rollout_index")})
+
+    lines = b"".join(profile.render(row, sample(row.sample_locator)) for row in profile.task_rows)
+    return lines, orjson.dumps(profile.agent_metrics), orjson.dumps(profile.repeat_metrics)
+
+
+@settings(max_examples=60, deadline=None)
+@given(collections(), st.integers(2, 4), st.randoms(use_true_random=False))
+def test_shards_merged_equal_one_pass(data: tuple[Rows, Rows], k: int, rnd: Any) -> None:
+    rows, results = data
+    whole = render(build_profile(state_of(rows, results)), rows)
+    merged = ProfileState()
+    for shard in range(k):
+        part = ProfileState()
+        for i, row in enumerate(rows):
+            if i % k == shard:
+                part.add_input(row, i)
+        for j, result in enumerate(results):
+            if (j * 7 + 3) % k == shard:
+                part.add_result(result)
+        merged.merge(part)
+    assert render(build_profile(merged), rows) == whole
+
+
+@settings(max_examples=60, deadline=None)
+@given(collections(), st.randoms(use_true_random=False))
+def test_any_arrival_order_gives_identical_bytes(data: tuple[Rows, Rows], rnd: Any) -> None:
+    rows, results = data
+    shuffled = list(results)
+    rnd.shuffle(shuffled)
+    assert render(build_profile(state_of(rows, shuffled)), rows) == render(
+        build_profile(state_of(rows, results)), rows
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(collections(), st.data())
+def test_prefix_partial_profile_equals_state_partial(data: tuple[Rows, Rows], d: st.DataObject) -> None:
+    rows, results = data
+    cut = d.draw(st.integers(0, len(results)))
+    state = ProfileState()
+    for i, row in enumerate(rows):
+        state.add_input(row, i)
+    for result in results[:cut]:
+        state.add_result(result)
+    partial = render(build_profile(state, allow_partial=True), rows)  # what a snapshot shows
+    assert partial == render(build_profile(state_of(rows, results[:cut]), allow_partial=True), rows)
+    if cut < len(results):
+        with pytest.raises(ProfileError, match="allow_partial_rollouts"):
+            build_profile(state)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=200), st.integers(1, 5))
+def test_welford_and_chan_merge_equal_two_pass(values: list[float], parts: int) -> None:
+    x = np.array(values)
+    merged = Moments()
+    for chunk in np.array_split(x, parts):
+        m = Moments()
+        for v in chunk.tolist():
+            m.update(v)
+        merged.merge(m)
+    assert merged.count == len(x)
+    assert math.isclose(merged.mean, float(x.mean()), rel_tol=1e-12, abs_tol=1e-9)
+    if len(x) > 1:
+        assert math.isclose(merged.std, float(x.std(ddof=1)), rel_tol=1e-9, abs_tol=1e-6)
+    assert (merged.min, merged.max) == (float(x.min()), float(x.max()))
+    assert Moments.of(x).count == len(x)
+
+
+def test_live_stats_follow_agent_hint() -> None:
+    state = ProfileState()
+    state.add_result({"reward": 1.0, "_ng_task_index": 0, "_ng_rollout_index": 0}, agent="a")
+    state.add_result({"reward": 0.0, "_ng_task_index": 0, "_ng_rollout_index": 1}, agent="a")
+    state.add_result({"reward": 1.0, "mask_sample": True, "_ng_task_index": 1, "_ng_rollout_index": 0}, agent="a")
+    live: RunningStats = state.live["a"]
+    assert live.rollouts == 2
+    assert live.columns["reward"].mean == 0.5
