@@ -17,10 +17,38 @@ import numpy as np
 import orjson
 
 AGENTS = ("math_simple_agent", "code_simple_agent", "tool_simple_agent")
-WORDS = (
-    "the answer follows from the equation so we compute each term carefully and then sum "
-    "them to get the final value which we check against the constraint before reporting it"
-).split()
+WORDS = [
+    "the",
+    "answer",
+    "follows",
+    "from",
+    "the",
+    "equation",
+    "so",
+    "we",
+    "compute",
+    "each",
+    "term",
+    "carefully",
+    "and",
+    "then",
+    "sum",
+    "them",
+    "to",
+    "get",
+    "the",
+    "final",
+    "value",
+    "which",
+    "we",
+    "check",
+    "against",
+    "the",
+    "constraint",
+    "before",
+    "reporting",
+    "it",
+]
 
 
 def _text(rng: random.Random, size: int) -> str:

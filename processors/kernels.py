@@ -32,7 +32,7 @@ F64 = npt.NDArray[np.float64]
 class GroupStats(NamedTuple):
     """Per (column, group) descriptive stats; NaN where a stat is undefined (then omitted)."""
 
-    count: npt.NDArray[np.int64]
+    n: npt.NDArray[np.int64]
     mean: F64
     max: F64
     min: F64

@@ -78,11 +78,17 @@ class Profile:
     def render(self, row: TaskRow, sample: bytes) -> bytes:
         """One task row's line, given its serialized sample row."""
         pool, ends = self.info_pool, self.info_end
-        spans = zip((ends[row.members - 1] * (row.members > 0)).tolist(), ends[row.members].tolist(), strict=True)
+        spans = zip(
+            (ends[row.members - 1] * (row.members > 0)).tolist(),
+            ends[row.members].tolist(),
+            strict=True,
+        )
         line = dict(row.head)
         line["sample"] = orjson.Fragment(sample)
         line.update(row.tail)
-        line["rollout_infos"] = orjson.Fragment(b"[" + b",".join(pool[a:b] for a, b in spans) + b"]")
+        line["rollout_infos"] = orjson.Fragment(
+            b"[" + b",".join(pool[a:b] for a, b in spans) + b"]"
+        )
         return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 
@@ -104,7 +110,7 @@ def _encode(a: I64, b: I64) -> tuple[I64, Any]:
 class _Keys(NamedTuple):
     """Dense key ids (ascending (task, rollout) order) of every row and every result."""
 
-    count: int
+    size: int
     of_input: I64
     of_result: I64
 
@@ -242,7 +248,7 @@ def _describe_segments(values: npt.NDArray[np.float64], starts: I64, sizes: I64)
         idx = starts[which][:, None] + np.arange(size)
         block = np.ascontiguousarray(values[idx].transpose(2, 0, 1))
         stats = describe_groups(block)
-        count[:, which] = stats.count
+        count[:, which] = stats.n
         for target, got in zip(out, stats[1:], strict=True):
             target[:, which] = got
     mean, mx, mn, median, std = out
@@ -255,11 +261,13 @@ def _describe_segments(values: npt.NDArray[np.float64], starts: I64, sizes: I64)
 def _stat_dicts(stats: GroupStats, columns: list[str], all_int: bool) -> Iterator[dict[str, Any]]:
     """One ``mean/* max/* min/* median/* std/*`` dict per group; missing stats omitted."""
     keyed = []
-    for stat, arr in zip(_STATS, (stats.mean, stats.max, stats.min, stats.median, stats.std), strict=True):
+    for stat, arr in zip(
+        _STATS, (stats.mean, stats.max, stats.min, stats.median, stats.std), strict=True
+    ):
         as_int = all_int and stat in ("max", "min")
         for c, name in enumerate(columns):
             keyed.append((f"{stat}/{name}", arr[c].tolist(), as_int))
-    for g in range(stats.count.shape[1] if stats.count.ndim == 2 else 0):
+    for g in range(stats.n.shape[1] if stats.n.ndim == 2 else 0):
         row: dict[str, Any] = {}
         for key, vals, as_int in keyed:
             v = vals[g]
@@ -360,15 +368,15 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     in_locator = state.column(state.in_locator)
     run_key = np.where(in_server >= 0, in_server, in_agent)
 
-    row_of_key = np.full(keys.count, -1, dtype=np.int64)
+    row_of_key = np.full(keys.size, -1, dtype=np.int64)
     row_of_key[keys.of_input] = np.arange(state.num_inputs)
     res_row = row_of_key[keys.of_result]
-    has_result = np.zeros(keys.count, dtype=bool)
+    has_result = np.zeros(keys.size, dtype=bool)
     has_result[keys.of_result] = True
     summary = _summary(in_task, run_key, has_result[keys.of_input])
 
     res_masked = state.column(state.res_masked).astype(bool)
-    masked_key = np.zeros(keys.count, dtype=bool)
+    masked_key = np.zeros(keys.size, dtype=bool)
     masked_key[keys.of_result[res_masked]] = True
     measured_rows = ~masked_key[keys.of_input]
 
@@ -462,4 +470,3 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         info_pool=state.info_pool,
         info_end=state.column(state.info_end),
     )
-

@@ -60,7 +60,9 @@ class Moments:
             return cls()
         mean = float(values.mean())
         d = values - mean
-        return cls(len(values), mean, float((d * d).sum()), float(values.min()), float(values.max()))
+        return cls(
+            len(values), mean, float((d * d).sum()), float(values.min()), float(values.max())
+        )
 
     @property
     def std(self) -> float:

@@ -74,8 +74,12 @@ def load_state(inputs: Path, rollouts: Path, quiet: bool = True, workers: int = 
     state = ProfileState()
     total = sum(end - start for _, _, start, end in parts)
     bar = tqdm(
-        total=total, unit="B", unit_scale=True, desc=f"profiling {rollouts.name}",
-        disable=quiet or not sys.stderr.isatty(), mininterval=0.5,
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc=f"profiling {rollouts.name}",
+        disable=quiet or not sys.stderr.isatty(),
+        mininterval=0.5,
     )
     with bar, contextlib.ExitStack() as stack:
         if len(parts) > 2:
@@ -104,7 +108,9 @@ def _renumbered(
 
 def run_profile(config: ProfileConfig) -> tuple[Profile, ProfilePaths]:
     """Profile, write the three files, and return what was written (for the summary)."""
-    state = load_state(config.materialized_inputs_jsonl_fpath, config.rollouts_jsonl_fpath, config.quiet)
+    state = load_state(
+        config.materialized_inputs_jsonl_fpath, config.rollouts_jsonl_fpath, config.quiet
+    )
     profile = build_profile(state, config.allow_partial_rollouts)
     paths = ProfilePaths.next_to(config.rollouts_jsonl_fpath)
     with InputsFile(config.materialized_inputs_jsonl_fpath) as inputs:

@@ -65,8 +65,10 @@ def ng_reward_profile(argv: Sequence[str] | None = None) -> int:
     prog = "ng_reward_profile"
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
-        print(f"usage: {prog} +materialized_inputs_jsonl_fpath=M +rollouts_jsonl_fpath=R "
-              "[++allow_partial_rollouts=True] [+quiet=true]")
+        print(
+            f"usage: {prog} +materialized_inputs_jsonl_fpath=M +rollouts_jsonl_fpath=R "
+            "[++allow_partial_rollouts=True] [+quiet=true]"
+        )
         return 0
     return _run_guarded(prog, lambda: _profile(prog, parse_overrides(args)))
 
@@ -94,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollouts", help="the rollouts .jsonl file")
     p.add_argument("--allow-partial-rollouts", action="store_true", help="profile a partial run")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", help="NeMo Gym overrides, e.g. ++allow_partial_rollouts=True")
+    p.add_argument(
+        "overrides", nargs="*", help="NeMo Gym overrides, e.g. ++allow_partial_rollouts=True"
+    )
     p.set_defaults(func=_cmd_profile)
     kafka_local.add_parser(sub)
     return parser

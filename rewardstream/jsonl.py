@@ -11,7 +11,14 @@ import orjson
 
 from rewardstream.errors import InputError, LineError
 
-__all__ = ["JsonLine", "check_input_file", "count_lines", "iter_jsonl", "parse_line", "split_ranges"]
+__all__ = [
+    "JsonLine",
+    "check_input_file",
+    "count_lines",
+    "iter_jsonl",
+    "parse_line",
+    "split_ranges",
+]
 
 _EMPTY_MESSAGE = "input data is empty: line 1 column 1 (char 0)"
 

@@ -105,7 +105,9 @@ def write_profile(profile: Profile, paths: ProfilePaths, sample: Callable[[int],
         for target, backup in moved:
             os.rename(backup, target)
         moved.clear()
-        raise InputError(f"Cannot write '{exc.filename or paths.reward_profiling}': {exc.strerror or exc}") from None
+        raise InputError(
+            f"Cannot write '{exc.filename or paths.reward_profiling}': {exc.strerror or exc}"
+        ) from None
     finally:
         for tmp, _ in temps:
             with contextlib.suppress(FileNotFoundError):

@@ -7,7 +7,9 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-GOLDEN = Path(os.environ.get("REWARDSTREAM_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"))
+GOLDEN = Path(
+    os.environ.get("REWARDSTREAM_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden")
+)
 OUTPUT_SUFFIXES = ("_reward_profiling.jsonl", "_agent_metrics.json", "_repeat_level_metrics.json")
 
 
@@ -32,16 +34,24 @@ def golden_cases() -> list[GoldenCase]:
     """Every (set, mode) pair with an expectation in ``expected_pypi_0.7.0``."""
     cases = []
     sets = [
-        (name, GOLDEN / name / "upstream", "example_rollouts", GOLDEN / name / "expected_pypi_0.7.0")
+        (
+            name,
+            GOLDEN / name / "upstream",
+            "example_rollouts",
+            GOLDEN / name / "expected_pypi_0.7.0",
+        )
         for name in ("blackjack", "longmt_eval", "circle_click", "asr_with_pc")
     ]
     edge = GOLDEN / "edge_cases"
     sets += [
         (c.name, c, "rollouts", c / "expected_pypi_0.7.0")
-        for c in sorted(edge.iterdir()) if edge.exists()
+        for c in sorted(edge.iterdir())
+        if edge.exists()
     ]
     for name, source, stem, expected in sets:
         cases.append(GoldenCase(name, source, stem, expected))
         if (expected / "allow_partial").exists():
-            cases.append(GoldenCase(f"{name}+allow_partial", source, stem, expected / "allow_partial"))
+            cases.append(
+                GoldenCase(f"{name}+allow_partial", source, stem, expected / "allow_partial")
+            )
     return cases

@@ -34,16 +34,31 @@ def run(inputs: Path, rollouts: Path, *extra: str) -> int:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (RESULT + b"\n", "Malformed JSON in '{p}' at line 2: input data is empty: line 1 column 1 (char 0)"),
-        (b'{"reward":NaN,"_ng_task_index":0,"_ng_rollout_index":0}\n', "Malformed JSON in '{p}' at line 1:"),
+        (
+            RESULT + b"\n",
+            "Malformed JSON in '{p}' at line 2: input data is empty: line 1 column 1 (char 0)",
+        ),
+        (
+            b'{"reward":NaN,"_ng_task_index":0,"_ng_rollout_index":0}\n',
+            "Malformed JSON in '{p}' at line 1:",
+        ),
         (b'{"reward":1e999}\n', "Malformed JSON in '{p}' at line 1: number is infinity"),
         (b'{"reward":1.0,"_ng_rollout_index":0}\n', "{p} line 1: missing field '_ng_task_index'"),
-        (b'{"reward":1,"_ng_task_index":"0","_ng_rollout_index":0}\n', "{p} line 1: field '_ng_task_index' must be a 64-bit integer"),
-        (b'[1,2]\n', "{p} line 1: expected a JSON object"),
-        (b'\xff\xfe\n', "Malformed JSON in '{p}' at line 1: str is not valid UTF-8"),
+        (
+            b'{"reward":1,"_ng_task_index":"0","_ng_rollout_index":0}\n',
+            "{p} line 1: field '_ng_task_index' must be a 64-bit integer",
+        ),
+        (b"[1,2]\n", "{p} line 1: expected a JSON object"),
+        (b"\xff\xfe\n", "Malformed JSON in '{p}' at line 1: str is not valid UTF-8"),
         (RESULT + RESULT, "ValueError: Duplicate result row for rollout key (0, 0)"),
-        (RESULT + b'{"reward":1,"_ng_task_index":5,"_ng_rollout_index":0}\n', "ValueError: Rollout results contain rows with no matching materialized input rows"),
-        (b'{"response":"oops","_ng_task_index":0,"_ng_rollout_index":0}\n', "{p} line 1: field 'response' must be an object or null"),
+        (
+            RESULT + b'{"reward":1,"_ng_task_index":5,"_ng_rollout_index":0}\n',
+            "ValueError: Rollout results contain rows with no matching materialized input rows",
+        ),
+        (
+            b'{"response":"oops","_ng_task_index":0,"_ng_rollout_index":0}\n',
+            "{p} line 1: field 'response' must be an object or null",
+        ),
     ],
 )
 def test_bad_rollouts_one_line_exit_2_nothing_written(
@@ -65,7 +80,9 @@ def test_error_line_numbers_count_from_file_start_with_parallel_workers(
     monkeypatch.setattr("rewardstream.batch._PARALLEL_MIN_BYTES", 1)
     n = 2000
     inputs, rollouts = tmp_path / "r_materialized_inputs.jsonl", tmp_path / "r.jsonl"
-    inputs.write_bytes(b"".join(ROW.replace(b'"_ng_task_index":0', b'"_ng_task_index":%d' % t) for t in range(n)))
+    inputs.write_bytes(
+        b"".join(ROW.replace(b'"_ng_task_index":0', b'"_ng_task_index":%d' % t) for t in range(n))
+    )
     lines = [RESULT.replace(b'"_ng_task_index":0', b'"_ng_task_index":%d' % t) for t in range(n)]
     lines[1733] = b"{oops\n"
     rollouts.write_bytes(b"".join(lines))
@@ -73,7 +90,9 @@ def test_error_line_numbers_count_from_file_start_with_parallel_workers(
     assert f"'{rollouts}' at line 1734:" in capsys.readouterr().err
 
 
-def test_missing_file_and_directory(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_file_and_directory(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     inputs, rollouts = files
     assert run(inputs.with_name("nope.jsonl"), rollouts) == 2
     assert "Input file not found: '" in capsys.readouterr().err
@@ -84,13 +103,16 @@ def test_missing_file_and_directory(files: tuple[Path, Path], capsys: pytest.Cap
 def test_missing_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     assert ng_reward_profile(["+rollouts_jsonl_fpath=r.jsonl"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "ng_reward_profile: error: missing required configuration: materialized_inputs_jsonl_fpath. "
-        "Provide each via its flag (see --help) or as a +materialized_inputs_jsonl_fpath=<value> override."
+        "ng_reward_profile: error: missing required configuration: "
+        "materialized_inputs_jsonl_fpath. Provide each via its flag (see --help) or as a "
+        "+materialized_inputs_jsonl_fpath=<value> override."
     )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
-def test_unwritable_output_folder(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_unwritable_output_folder(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     inputs, rollouts = files
     rollouts.parent.chmod(0o555)
     try:
@@ -100,7 +122,9 @@ def test_unwritable_output_folder(files: tuple[Path, Path], capsys: pytest.Captu
         rollouts.parent.chmod(0o755)
 
 
-def test_failed_write_keeps_stale_outputs(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_failed_write_keeps_stale_outputs(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     inputs, rollouts = files
     agent = rollouts.with_name("r_agent_metrics.json")
     agent.write_bytes(b"stale")
@@ -113,21 +137,31 @@ def test_failed_write_keeps_stale_outputs(files: tuple[Path, Path], capsys: pyte
     assert [p.name for p in rollouts.parent.iterdir() if p.name.startswith(".")] == []
 
 
-def test_rewardstream_profile_flags(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_rewardstream_profile_flags(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     inputs, rollouts = files
     assert main(["profile", "--inputs", str(inputs), "--rollouts", str(rollouts), "--quiet"]) == 0
     assert "Reward profile completion: 1/1 rollout rows (100.00%)" in capsys.readouterr().out
-    assert rollouts.with_name("r_reward_profiling.jsonl").read_bytes().startswith(b'{"_ng_task_index":0')
+    assert (
+        rollouts.with_name("r_reward_profiling.jsonl")
+        .read_bytes()
+        .startswith(b'{"_ng_task_index":0')
+    )
 
 
 def test_console_script_exit_code(files: tuple[Path, Path]) -> None:
-    exe = shutil.which("ng_reward_profile", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    exe = shutil.which(
+        "ng_reward_profile", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    )
     assert exe, "package not installed with its console scripts"
     inputs, rollouts = files
     rollouts.write_bytes(b"{bad\n")
     proc = subprocess.run(
         [exe, f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1

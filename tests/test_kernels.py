@@ -60,7 +60,7 @@ def test_describe_matches_zero_filled_definition(values: list[float | None]) -> 
     s = describe_groups(x[None, None, :])
     present = [v for v in values if v is not None]
     if not present:
-        assert s.count[0, 0] == 0 and math.isnan(s.mean[0, 0])
+        assert s.n[0, 0] == 0 and math.isnan(s.mean[0, 0])
         return
     filled = [0.0 if v is None else v for v in values]
     mean = spec_sum(filled) / len(present)

@@ -33,13 +33,22 @@ def collections(draw: st.DrawFn) -> tuple[Rows, Rows]:
     for t in range(n_tasks):
         agent = agents[t % len(agents)]
         for r in range(repeats):
-            rows.append({"q": f"task {t}", "agent_ref": {"name": agent}, "_ng_task_index": t, "_ng_rollout_index": r})
+            rows.append(
+                {
+                    "q": f"task {t}",
+                    "agent_ref": {"name": agent},
+                    "_ng_task_index": t,
+                    "_ng_rollout_index": r,
+                }
+            )
             result: dict[str, Any] = {"reward": draw(value)}
             for col in ("score", "flag"):
                 if draw(st.booleans()):
                     result[col] = draw(value)
             if draw(st.booleans()):
-                result["response"] = {"usage": {"input_tokens": draw(st.integers(0, 50)), "total_tokens": draw(value)}}
+                result["response"] = {
+                    "usage": {"input_tokens": draw(st.integers(0, 50)), "total_tokens": draw(value)}
+                }
             result |= {"_ng_task_index": t, "_ng_rollout_index": r}
             results.append(result)
     return rows, results
@@ -56,7 +65,9 @@ def state_of(rows: Rows, results: Rows) -> ProfileState:
 
 def render(profile: Profile, rows: Rows) -> tuple[bytes, ...]:
     def sample(i: int) -> bytes:
-        return orjson.dumps({k: v for k, v in rows[i].items() if k not in ("_ng_task_index", "_ng_rollout_index")})
+        return orjson.dumps(
+            {k: v for k, v in rows[i].items() if k not in ("_ng_task_index", "_ng_rollout_index")}
+        )
 
     lines = b"".join(profile.render(row, sample(row.sample_locator)) for row in profile.task_rows)
     return lines, orjson.dumps(profile.agent_metrics), orjson.dumps(profile.repeat_metrics)
@@ -93,7 +104,9 @@ def test_any_arrival_order_gives_identical_bytes(data: tuple[Rows, Rows], rnd: A
 
 @settings(max_examples=60, deadline=None)
 @given(collections(), st.data())
-def test_prefix_partial_profile_equals_state_partial(data: tuple[Rows, Rows], d: st.DataObject) -> None:
+def test_prefix_partial_profile_equals_state_partial(
+    data: tuple[Rows, Rows], d: st.DataObject
+) -> None:
     rows, results = data
     cut = d.draw(st.integers(0, len(results)))
     state = ProfileState()
@@ -130,7 +143,9 @@ def test_live_stats_follow_agent_hint() -> None:
     state = ProfileState()
     state.add_result({"reward": 1.0, "_ng_task_index": 0, "_ng_rollout_index": 0}, agent="a")
     state.add_result({"reward": 0.0, "_ng_task_index": 0, "_ng_rollout_index": 1}, agent="a")
-    state.add_result({"reward": 1.0, "mask_sample": True, "_ng_task_index": 1, "_ng_rollout_index": 0}, agent="a")
+    state.add_result(
+        {"reward": 1.0, "mask_sample": True, "_ng_task_index": 1, "_ng_rollout_index": 0}, agent="a"
+    )
     live: RunningStats = state.live["a"]
     assert live.rollouts == 2
     assert live.columns["reward"].mean == 0.5
