@@ -48,8 +48,14 @@ def _tree_rss_kb(root: int) -> int:
 
 def run_once(inputs: Path, rollouts: Path) -> dict[str, float]:
     exe = Path(sys.executable).parent / "ng_reward_profile"
-    cmd = ["/usr/bin/time", "-v", str(exe), f"+materialized_inputs_jsonl_fpath={inputs}",
-           f"+rollouts_jsonl_fpath={rollouts}", "+quiet=true"]
+    cmd = [
+        "/usr/bin/time",
+        "-v",
+        str(exe),
+        f"+materialized_inputs_jsonl_fpath={inputs}",
+        f"+rollouts_jsonl_fpath={rollouts}",
+        "+quiet=true",
+    ]
     peak = 0
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -83,14 +89,28 @@ def main() -> None:
     rollouts = stem.with_name(stem.name + ".jsonl")
     inputs = stem.with_name(stem.name + "_materialized_inputs.jsonl")
     if not rollouts.exists():
-        subprocess.run([sys.executable, str(HERE / "generate.py"), "--tasks", str(a.tasks),
-                        "--repeats", str(a.repeats), "--out", str(stem)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "generate.py"),
+                "--tasks",
+                str(a.tasks),
+                "--repeats",
+                str(a.repeats),
+                "--out",
+                str(stem),
+            ],
+            check=True,
+        )
     size = (rollouts.stat().st_size + inputs.stat().st_size) / 1e9
     print(f"data: {a.tasks} tasks x {a.repeats} rollouts, {size:.2f} GB")
     for i in range(a.runs):
         r = run_once(inputs, rollouts)
-        print(f"run {i + 1}: wall {r['wall_s']:.1f} s, max RSS (time -v) {r['time_max_rss_mb']:.0f} MB, "
-              f"process-tree peak RSS {r['tree_peak_rss_mb']:.0f} MB")
+        print(
+            f"run {i + 1}: wall {r['wall_s']:.1f} s, "
+            f"max RSS (time -v) {r['time_max_rss_mb']:.0f} MB, "
+            f"process-tree peak RSS {r['tree_peak_rss_mb']:.0f} MB"
+        )
 
 
 if __name__ == "__main__":

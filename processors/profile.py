@@ -7,9 +7,9 @@ taken mid-stream is by construction what batch ``ng_reward_profile`` writes for 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -19,7 +19,7 @@ from processors.kernels import GroupStats, describe_groups, summarize_present
 from processors.state import ProfileState
 from rewardstream.errors import ProfileError
 
-__all__ = ["CompletionSummary", "Profile", "TaskRow", "build_profile"]
+__all__ = ["CompletionSummary", "Profile", "TaskRow", "TaskRows", "build_profile"]
 
 I64 = npt.NDArray[np.int64]
 _STATS = ("mean", "max", "min", "median", "std")
@@ -58,14 +58,32 @@ class TaskRow:
 
 
 @dataclass(frozen=True)
+class TaskRows:
+    """The task rows, built one at a time as they are iterated (written or sent).
+
+    Held as dicts they would be the largest object of a profile (~2 KB per task); building
+    them lazily keeps peak memory at the state plus one row.
+    """
+
+    count: int
+    make: Callable[[], Iterator[TaskRow]]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[TaskRow]:
+        return self.make()
+
+
+@dataclass(frozen=True)
 class Profile:
     """Everything ``ng_reward_profile`` writes and prints.
 
     ``info_pool`` is the state's append-only buffer of serialized ``rollout_infos`` entries,
-    shared rather than copied; ``info_end`` holds each result's end offset in it.
+    shared rather than copied; result ``i``'s entry is ``info_pool[info_start[i]:info_end[i]]``.
     """
 
-    task_rows: list[TaskRow]
+    task_rows: TaskRows
     agent_metrics: list[dict[str, Any]]
     repeat_metrics: list[dict[str, Any]]
     summary: CompletionSummary
@@ -73,16 +91,13 @@ class Profile:
     profiled_rollouts: int
     columns: list[str]
     info_pool: bytearray
+    info_start: I64
     info_end: I64
 
     def render(self, row: TaskRow, sample: bytes) -> bytes:
         """One task row's line, given its serialized sample row."""
-        pool, ends = self.info_pool, self.info_end
-        spans = zip(
-            (ends[row.members - 1] * (row.members > 0)).tolist(),
-            ends[row.members].tolist(),
-            strict=True,
-        )
+        pool, m = self.info_pool, row.members
+        spans = zip(self.info_start[m].tolist(), self.info_end[m].tolist(), strict=True)
         line = dict(row.head)
         line["sample"] = orjson.Fragment(sample)
         line.update(row.tail)
@@ -260,19 +275,20 @@ def _describe_segments(values: npt.NDArray[np.float64], starts: I64, sizes: I64)
 
 def _stat_dicts(stats: GroupStats, columns: list[str], all_int: bool) -> Iterator[dict[str, Any]]:
     """One ``mean/* max/* min/* median/* std/*`` dict per group; missing stats omitted."""
-    keyed = []
-    for stat, arr in zip(
-        _STATS, (stats.mean, stats.max, stats.min, stats.median, stats.std), strict=True
-    ):
-        as_int = all_int and stat in ("max", "min")
-        for c, name in enumerate(columns):
-            keyed.append((f"{stat}/{name}", arr[c].tolist(), as_int))
-    for g in range(stats.n.shape[1] if stats.n.ndim == 2 else 0):
-        row: dict[str, Any] = {}
-        for key, vals, as_int in keyed:
-            v = vals[g]
-            if v == v:  # not NaN
-                row[key] = int(v) if as_int else v
+    arrays = (stats.mean, stats.max, stats.min, stats.median, stats.std)
+    keys = [f"{stat}/{name}" for stat in _STATS for name in columns]
+    int_keys = [f"{stat}/{name}" for stat in ("max", "min") for name in columns] if all_int else []
+    n_groups = stats.n.shape[1]
+    table = np.concatenate(arrays, axis=0).T if keys else np.zeros((n_groups, 0))
+    complete = cast(list[bool], np.all(~np.isnan(table), axis=1).tolist())
+    for values, full in zip(table.tolist(), complete, strict=True):
+        if full:  # the common case: every stat defined
+            row = dict(zip(keys, values, strict=True))
+        else:
+            row = {k: v for k, v in zip(keys, values, strict=True) if v == v}  # v == v: not NaN
+        for key in int_keys:
+            if key in row:
+                row[key] = int(row[key])
         yield row
 
 
@@ -414,24 +430,27 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     g_starts = np.flatnonzero(np.r_[len(keep) > 0, boundary]).astype(np.int64)
     g_sizes = np.diff(np.r_[g_starts, len(keep)]).astype(np.int64)
     stats = _describe_segments(frame.values[keep], g_starts, g_sizes)
-    task_rows = []
-    firsts = group_key[g_starts].tolist()
-    for g, head in enumerate(_stat_dicts(stats, frame.columns, frame.all_int)):
-        first = int(g_starts[g])
-        task, lab = firsts[g]
-        members = results[keep[first : first + int(g_sizes[g])]]
-        head = {"_ng_task_index": task} | head
-        if fan_out:
-            head["agent_ref"] = {"name": names[lab]}
-        num = len(members)
-        exp = expected[(task, lab)]
-        tail = {
-            "num_rollouts": num,
-            "expected_num_rollouts": exp,
-            "missing_num_rollouts": exp - num,
-            "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
-        }
-        task_rows.append(TaskRow(head, int(in_locator[res_row[members[0]]]), tail, members))
+
+    def make_rows() -> Iterator[TaskRow]:
+        firsts = group_key[g_starts].tolist()
+        for g, head in enumerate(_stat_dicts(stats, frame.columns, frame.all_int)):
+            first = int(g_starts[g])
+            task, lab = firsts[g]
+            members = results[keep[first : first + int(g_sizes[g])]]
+            head = {"_ng_task_index": task} | head
+            if fan_out:
+                head["agent_ref"] = {"name": names[lab]}
+            num = len(members)
+            exp = expected[(task, lab)]
+            tail = {
+                "num_rollouts": num,
+                "expected_num_rollouts": exp,
+                "missing_num_rollouts": exp - num,
+                "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
+            }
+            yield TaskRow(head, int(in_locator[res_row[members[0]]]), tail, members)
+
+    task_rows = TaskRows(len(g_starts), make_rows)
 
     # agent entries and repeat rows, per label sorted by name (spec §2.9, §2.10)
     agent_metrics: list[dict[str, Any]] = []
@@ -459,6 +478,7 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         else:
             agent_metrics.append({"agent_ref": {"name": names[ag]}} | cov)
 
+    info_end = state.column(state.info_end)
     return Profile(
         task_rows=task_rows,
         agent_metrics=agent_metrics,
@@ -468,5 +488,6 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         profiled_rollouts=len(results),
         columns=frame.columns,
         info_pool=state.info_pool,
-        info_end=state.column(state.info_end),
+        info_start=np.r_[0, info_end[:-1]].astype(np.int64),
+        info_end=info_end,
     )
