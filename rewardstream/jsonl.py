@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,18 +46,22 @@ def check_input_file(path: str | os.PathLike[str], flag: str) -> Path:
     return p
 
 
-def parse_line(raw: bytes, path: str | os.PathLike[str], lineno: int) -> Any:
-    """Parse one line; a blank line is an error (NeMo Gym rejects it too)."""
-    if raw.endswith(b"\n"):
-        raw = raw[:-1]
-    if raw.endswith(b"\r"):
-        raw = raw[:-1]
-    if not raw:
-        raise LineError(str(path), lineno, _EMPTY_MESSAGE, malformed=True)
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise LineError(str(path), lineno, str(exc), malformed=True) from None
+def parse_line(raw: bytes | memoryview, path: str | os.PathLike[str], lineno: int) -> Any:
+    """Parse one line (``\n`` or ``\r\n`` ended); a blank line is an error, as in NeMo Gym."""
+    n = len(raw)
+    if n and raw[n - 1] == 10:  # b"\n"
+        n -= 1
+    if n and raw[n - 1] == 13:  # b"\r"
+        n -= 1
+    if n:
+        try:
+            return orjson.loads(raw[:n] if n < len(raw) else raw)
+        except orjson.JSONDecodeError as exc:
+            reason = str(exc)
+    else:
+        reason = _EMPTY_MESSAGE
+    del raw  # drop the (memory-mapped) line before raising: a traceback would pin the mapping
+    raise LineError(str(path), lineno, reason, malformed=True)
 
 
 def iter_jsonl(
@@ -64,19 +69,36 @@ def iter_jsonl(
 ) -> Iterator[JsonLine]:
     """Yield the lines starting in ``[start, end)`` with their byte offsets, streaming.
 
-    ``start`` must be a line start (see :func:`split_ranges`); line numbers count from it.
+    The file is memory-mapped and lines are parsed in place (no per-line copy), which is a
+    large share of the time on multi-GB rollouts files. ``start`` must be a line start (see
+    :func:`split_ranges`); line numbers count from it.
     """
-    offset = start
     try:
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            for lineno, raw in enumerate(fh, 1):
-                if end is not None and offset >= end:
-                    return
-                yield JsonLine(lineno, offset, parse_line(raw, path, lineno))
-                offset += len(raw)
+        fh = open(path, "rb")  # noqa: SIM115 - closed in finally, after the mapping
     except OSError as exc:
         raise InputError(f"Cannot read '{path}': {exc.strerror or exc}") from None
+    try:
+        size = os.fstat(fh.fileno()).st_size
+        stop = size if end is None else min(end, size)
+        if start >= stop:
+            return
+        mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        view = memoryview(mapping)
+        try:
+            find, pos, lineno = mapping.find, start, 0
+            while pos < stop:
+                lineno += 1
+                nl = find(b"\n", pos)
+                nxt = size if nl < 0 else nl + 1
+                yield JsonLine(lineno, pos, parse_line(view[pos:nxt], path, lineno))
+                pos = nxt
+        finally:
+            view.release()
+            mapping.close()
+    except OSError as exc:
+        raise InputError(f"Cannot read '{path}': {exc.strerror or exc}") from None
+    finally:
+        fh.close()
 
 
 def split_ranges(path: str | os.PathLike[str], parts: int) -> list[tuple[int, int]]:
