@@ -253,19 +253,28 @@ def _frame(state: ProfileState, results: I64) -> _Frame:
     return _Frame(list(columns), values, all_int)
 
 
-def _describe_segments(values: npt.NDArray[np.float64], starts: I64, sizes: I64) -> GroupStats:
-    """Stats of contiguous row segments, vectorised over all segments of equal size."""
+_CHUNK_VALUES = 1 << 20  # values per vectorised call: bounds the kernels' temporaries (~8 MB each)
+
+
+def _describe_segments(
+    values: npt.NDArray[np.float64], rows: I64, starts: I64, sizes: I64
+) -> GroupStats:
+    """Stats of the row segments ``rows[starts[g] : starts[g] + sizes[g]]`` of ``values``.
+
+    Vectorised over all segments of equal size, in chunks so memory stays flat.
+    """
     n_cols, n_groups = values.shape[1], len(starts)
     out = [np.full((n_cols, n_groups), np.nan) for _ in range(5)]
     count = np.zeros((n_cols, n_groups), dtype=np.int64)
     for size in np.unique(sizes).tolist():
-        which = np.flatnonzero(sizes == size)
-        idx = starts[which][:, None] + np.arange(size)
-        block = np.ascontiguousarray(values[idx].transpose(2, 0, 1))
-        stats = describe_groups(block)
-        count[:, which] = stats.n
-        for target, got in zip(out, stats[1:], strict=True):
-            target[:, which] = got
+        same = np.flatnonzero(sizes == size)
+        step = max(1, _CHUNK_VALUES // max(size * n_cols, 1))
+        for which in np.array_split(same, range(step, len(same), step)):
+            idx = rows[starts[which][:, None] + np.arange(size)]
+            stats = describe_groups(np.ascontiguousarray(values[idx].transpose(2, 0, 1)))
+            count[:, which] = stats.n
+            for target, got in zip(out, stats[1:], strict=True):
+                target[:, which] = got
     mean, mx, mn, median, std = out
     if n_cols:  # NaN->0 std rule (spec §2.7.3)
         fill = np.isnan(std).all(axis=0)[None, :] & (count == sizes[None, :])
@@ -429,7 +438,7 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     boundary = np.any(np.diff(group_key, axis=0) != 0, axis=1)
     g_starts = np.flatnonzero(np.r_[len(keep) > 0, boundary]).astype(np.int64)
     g_sizes = np.diff(np.r_[g_starts, len(keep)]).astype(np.int64)
-    stats = _describe_segments(frame.values[keep], g_starts, g_sizes)
+    stats = _describe_segments(frame.values, keep, g_starts, g_sizes)
 
     def make_rows() -> Iterator[TaskRow]:
         firsts = group_key[g_starts].tolist()
@@ -458,7 +467,7 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     for lab in sorted(set(r_label[r_label >= 0].tolist()), key=lambda x: names[x]):
         rows = np.flatnonzero(r_label == lab)
         one = np.zeros(1, dtype=np.int64)
-        agent_stats = _describe_segments(frame.values[rows], one, np.array([len(rows)]))
+        agent_stats = _describe_segments(frame.values, rows, one, np.array([len(rows)]))
         entry = next(_stat_dicts(agent_stats, frame.columns, frame.all_int))
         entry["agent_ref"] = {"name": names[lab]}
         if len(np.unique(r_rollout[rows])) > 1:

@@ -1,0 +1,1 @@
+"""NeMo-Gym-compatible model, resources and agent servers and ``ng_run`` (coming next)."""

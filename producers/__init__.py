@@ -1,0 +1,1 @@
+"""Rollout publishers: ``rewardstream publish`` and the collector's Kafka hook (coming next)."""
