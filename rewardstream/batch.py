@@ -38,6 +38,7 @@ class ProfileConfig(BaseModel):
 
 
 _PARALLEL_MIN_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
+_PART_BYTES = 64 << 20  # a worker maps one part at a time: this bounds its file-backed RSS
 
 
 def _load_part(kind: str, path: Path, start: int, end: int) -> ProfileState:
@@ -57,7 +58,7 @@ def _load_part(kind: str, path: Path, start: int, end: int) -> ProfileState:
 
 def _parts(path: Path, kind: str, workers: int) -> list[tuple[str, Path, int, int]]:
     size = os.path.getsize(path)
-    n = 1 if workers <= 1 or size < _PARALLEL_MIN_BYTES else workers * 4
+    n = 1 if workers <= 1 or size < _PARALLEL_MIN_BYTES else max(workers * 4, size // _PART_BYTES)
     return [(kind, path, a, b) for a, b in split_ranges(path, n)]
 
 
