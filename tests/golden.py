@@ -42,7 +42,7 @@ def golden_cases() -> list[GoldenCase]:
         )
         for name in ("blackjack", "longmt_eval", "circle_click", "asr_with_pc")
     ]
-    edge = GOLDEN / "edge_cases"
+    edge = GOLDEN / "edge_cases"  # callers check GOLDEN exists
     sets += [
         (c.name, c, "rollouts", c / "expected_pypi_0.7.0")
         for c in sorted(edge.iterdir())

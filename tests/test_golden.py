@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,16 @@ import pytest
 from rewardstream.cli import ng_reward_profile
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases
 
-pytestmark = pytest.mark.skipif(not GOLDEN.exists(), reason=f"no goldens at {GOLDEN}")
+CASES = golden_cases() if GOLDEN.exists() else []
 
-CASES = golden_cases()
+
+def test_goldens_are_present() -> None:
+    """Locally the golden tests may be skipped; under CI=true they must run."""
+    if not CASES:
+        message = f"no goldens at {GOLDEN} (set REWARDSTREAM_GOLDEN)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
