@@ -37,7 +37,7 @@ demo: install
 	@echo "demo: profile files are in demo-output/ (streaming collection via Kafka: coming in issues 4-5)"
 
 bench: install
-	$(BIN)/python bench/profile_bench.py
+	$(BIN)/python -m bench.profile_bench
 
 clean:
 	rm -rf $(VENV) demo-output bench/data bench/out

@@ -383,6 +383,85 @@ def _coverage(agent: I64, task: I64, masked: npt.NDArray[np.bool_]) -> dict[int,
     return dict(sorted(out.items(), key=lambda kv: first[kv[0]]))
 
 
+class _Rollouts(NamedTuple):
+    """The measured, matched results in key order, with what grouping needs of each."""
+
+    result: I64  # index into the state's result buffers
+    row: I64  # index of the materialized row
+    task: I64
+    rollout: I64
+    label: I64  # name id, -1 when the row has neither agent nor environment server
+    frame: _Frame
+
+
+def _task_rows(
+    state: ProfileState, r: _Rollouts, m_task: I64, m_label: I64, fan_out: bool
+) -> TaskRows:
+    """Group by task, or by (task, label) under fan-out (spec §2.5, §2.8); rows built lazily."""
+    names, locator = state.names, state.column(state.in_locator)
+    if fan_out:
+        labelled = m_label >= 0
+        keep = np.flatnonzero(r.label >= 0)
+        rank = {
+            lab: i
+            for i, lab in enumerate(sorted(set(m_label[labelled].tolist()), key=names.__getitem__))
+        }
+        r_rank = np.array([rank[x] for x in r.label[keep].tolist()], dtype=np.int64)
+        keep = keep[np.lexsort((keep, r_rank, r.task[keep]))]
+        group_key = np.stack([r.task[keep], r.label[keep]], axis=1)
+        expected = _pair_counts(m_task[labelled], m_label[labelled])
+    else:
+        keep = np.arange(len(r.result))
+        group_key = np.stack([r.task, np.full(len(r.result), -1)], axis=1)
+        expected = _pair_counts(m_task, np.full(len(m_task), -1))
+    boundary = np.any(np.diff(group_key, axis=0) != 0, axis=1)
+    starts = np.flatnonzero(np.r_[len(keep) > 0, boundary]).astype(np.int64)
+    sizes = np.diff(np.r_[starts, len(keep)]).astype(np.int64)
+    stats = _describe_segments(r.frame.values, keep, starts, sizes)
+
+    def make_rows() -> Iterator[TaskRow]:
+        firsts = group_key[starts].tolist()
+        for g, head in enumerate(_stat_dicts(stats, r.frame.columns, r.frame.all_int)):
+            (task, lab), first = firsts[g], int(starts[g])
+            members = keep[first : first + int(sizes[g])]
+            head = {"_ng_task_index": task} | head
+            if fan_out:
+                head["agent_ref"] = {"name": names[lab]}
+            num, exp = len(members), expected[(task, lab)]
+            tail = {
+                "num_rollouts": num,
+                "expected_num_rollouts": exp,
+                "missing_num_rollouts": exp - num,
+                "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
+            }
+            sample = int(locator[r.row[members[0]]])
+            yield TaskRow(head, sample, tail, r.result[members])
+
+    return TaskRows(len(starts), make_rows)
+
+
+def _agent_metrics(
+    names: list[str], r: _Rollouts
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Agent entries and repeat-level rows, per label sorted by name (spec §2.9, §2.10)."""
+    agent_metrics: list[dict[str, Any]] = []
+    repeat_metrics: list[dict[str, Any]] = []
+    one = np.zeros(1, dtype=np.int64)
+    for lab in sorted(set(r.label[r.label >= 0].tolist()), key=names.__getitem__):
+        rows = np.flatnonzero(r.label == lab)
+        stats = _describe_segments(r.frame.values, rows, one, np.array([len(rows)]))
+        entry = next(_stat_dicts(stats, r.frame.columns, r.frame.all_int))
+        entry["agent_ref"] = {"name": names[lab]}
+        if len(np.unique(r.rollout[rows])) > 1:
+            entries = _repeat_entries(
+                names[lab], r.rollout[rows], r.task[rows], r.frame.values[rows], r.frame.columns
+            )
+            repeat_metrics.extend(entries)
+            entry |= _across_repeats(entries)
+        agent_metrics.append(entry)
+    return agent_metrics, repeat_metrics
+
+
 def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     """The profile NeMo Gym 0.7.0 would write for the rows and results in ``state``."""
     keys = _align(state, allow_partial)
@@ -390,7 +469,6 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     in_task = state.column(state.in_task)
     in_agent = state.column(state.in_agent).astype(np.int64)
     in_server = state.column(state.in_server).astype(np.int64)
-    in_locator = state.column(state.in_locator)
     run_key = np.where(in_server >= 0, in_server, in_agent)
 
     row_of_key = np.full(keys.size, -1, dtype=np.int64)
@@ -400,11 +478,13 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     has_result[keys.of_result] = True
     summary = _summary(in_task, run_key, has_result[keys.of_input])
 
+    # masking (spec §2.4): masked results and their rows leave the measured set
     res_masked = state.column(state.res_masked).astype(bool)
     masked_key = np.zeros(keys.size, dtype=bool)
     masked_key[keys.of_result[res_masked]] = True
     measured_rows = ~masked_key[keys.of_input]
 
+    # labels and fan-out mode, from the measured rows (spec §2.5)
     label_of = _labels(run_key[measured_rows], in_agent[measured_rows], names)
     lookup = np.full(len(names) + 1, -1, dtype=np.int64)  # index -1 (no run key) -> no label
     lookup[list(label_of)] = list(label_of.values())
@@ -415,68 +495,19 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     pair_tasks = decode(np.unique(pair_codes))[0]
     fan_out = len(pair_tasks) != len(np.unique(pair_tasks))  # a task with two labels
 
-    # measured matched results in key order
     by_key = np.argsort(keys.of_result, kind="stable")
     results = by_key[~res_masked[by_key]]
     r_row = res_row[results]
-    r_task, r_label = in_task[r_row], row_label[r_row]
-    r_rollout = state.column(state.res_rollout)[results]
-    frame = _frame(state, results)
-
-    # task rows: group by task, or by (task, label) under fan-out (spec §2.5, §2.8)
-    rank = {lab: i for i, lab in enumerate(sorted(set(label_of.values()), key=lambda x: names[x]))}
-    if fan_out:
-        keep = np.flatnonzero(r_label >= 0)
-        r_rank = np.array([rank[x] for x in r_label[keep].tolist()], dtype=np.int64)
-        keep = keep[np.lexsort((keep, r_rank, r_task[keep]))]
-        group_key = np.stack([r_task[keep], r_label[keep]], axis=1)
-        expected = _pair_counts(m_task[labelled], m_label[labelled])
-    else:
-        keep = np.arange(len(results))
-        group_key = np.stack([r_task, np.full(len(results), -1)], axis=1)
-        expected = _pair_counts(m_task, np.full(len(m_task), -1))
-    boundary = np.any(np.diff(group_key, axis=0) != 0, axis=1)
-    g_starts = np.flatnonzero(np.r_[len(keep) > 0, boundary]).astype(np.int64)
-    g_sizes = np.diff(np.r_[g_starts, len(keep)]).astype(np.int64)
-    stats = _describe_segments(frame.values, keep, g_starts, g_sizes)
-
-    def make_rows() -> Iterator[TaskRow]:
-        firsts = group_key[g_starts].tolist()
-        for g, head in enumerate(_stat_dicts(stats, frame.columns, frame.all_int)):
-            first = int(g_starts[g])
-            task, lab = firsts[g]
-            members = results[keep[first : first + int(g_sizes[g])]]
-            head = {"_ng_task_index": task} | head
-            if fan_out:
-                head["agent_ref"] = {"name": names[lab]}
-            num = len(members)
-            exp = expected[(task, lab)]
-            tail = {
-                "num_rollouts": num,
-                "expected_num_rollouts": exp,
-                "missing_num_rollouts": exp - num,
-                "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
-            }
-            yield TaskRow(head, int(in_locator[res_row[members[0]]]), tail, members)
-
-    task_rows = TaskRows(len(g_starts), make_rows)
-
-    # agent entries and repeat rows, per label sorted by name (spec §2.9, §2.10)
-    agent_metrics: list[dict[str, Any]] = []
-    repeat_metrics: list[dict[str, Any]] = []
-    for lab in sorted(set(r_label[r_label >= 0].tolist()), key=lambda x: names[x]):
-        rows = np.flatnonzero(r_label == lab)
-        one = np.zeros(1, dtype=np.int64)
-        agent_stats = _describe_segments(frame.values, rows, one, np.array([len(rows)]))
-        entry = next(_stat_dicts(agent_stats, frame.columns, frame.all_int))
-        entry["agent_ref"] = {"name": names[lab]}
-        if len(np.unique(r_rollout[rows])) > 1:
-            entries = _repeat_entries(
-                names[lab], r_rollout[rows], r_task[rows], frame.values[rows], frame.columns
-            )
-            repeat_metrics.extend(entries)
-            entry |= _across_repeats(entries)
-        agent_metrics.append(entry)
+    rollouts = _Rollouts(
+        result=results,
+        row=r_row,
+        task=in_task[r_row],
+        rollout=state.column(state.res_rollout)[results],
+        label=row_label[r_row],
+        frame=_frame(state, results),
+    )
+    task_rows = _task_rows(state, rollouts, m_task, m_label, fan_out)
+    agent_metrics, repeat_metrics = _agent_metrics(names, rollouts)
 
     # coverage keys, from every matched result in key order (spec §2.4)
     coverage = _coverage(in_agent[res_row[by_key]], in_task[res_row[by_key]], res_masked[by_key])
@@ -495,7 +526,7 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         summary=summary,
         masked_rollouts=int(res_masked.sum()),
         profiled_rollouts=len(results),
-        columns=frame.columns,
+        columns=rollouts.frame.columns,
         info_pool=state.info_pool,
         info_start=np.r_[0, info_end[:-1]].astype(np.int64),
         info_end=info_end,
