@@ -20,14 +20,15 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 class ResultRecord(NamedTuple):
     """The profiled part of one result row.
 
-    ``names``/``is_int``/``values`` are the numeric record in column order (bools as 0/1);
-    ``info`` is the serialized ``rollout_infos`` entry; ``masked`` is a truthy ``mask_sample``.
+    ``names``/``is_int``/``values`` are the numeric record in column order (bools as 0/1; ints
+    as float64, so ints beyond 2**53 lose precision, as NeMo Gym's means do, though its max/min
+    of an all-int frame would keep them); ``info`` is the serialized ``rollout_infos`` entry;
+    ``masked`` is a truthy ``mask_sample``.
     """
 
     names: tuple[str, ...]
     is_int: tuple[bool, ...]
     values: tuple[float, ...]
-    exact_ints: tuple[tuple[int, int], ...]
     info: bytes
     masked: bool
 
@@ -62,7 +63,6 @@ def extract_result(result: dict[str, Any], task: int, rollout: int) -> ResultRec
     names: list[str] = []
     is_int: list[bool] = []
     values: list[float] = []
-    exact: list[tuple[int, int]] = []
     for key, raw in merged.items():
         kind = type(raw)
         if kind is float:
@@ -70,8 +70,6 @@ def extract_result(result: dict[str, Any], task: int, rollout: int) -> ResultRec
         elif kind is int:
             if not _INT64_MIN <= raw <= _INT64_MAX:
                 continue  # pandas keeps such ints in an object column: never numeric
-            if abs(raw) > 2**53:
-                exact.append((len(values), raw))
             flag = True
         elif kind is bool:
             flag = True
@@ -101,6 +99,4 @@ def extract_result(result: dict[str, Any], task: int, rollout: int) -> ResultRec
             if skip_private and (key[:1] == "_" or key == "reward" or key == "response"):
                 continue
             info[key] = raw
-    return ResultRecord(
-        tuple(names), tuple(is_int), tuple(values), tuple(exact), orjson.dumps(info), masked
-    )
+    return ResultRecord(tuple(names), tuple(is_int), tuple(values), orjson.dumps(info), masked)

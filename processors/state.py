@@ -65,7 +65,6 @@ class ProfileState:
         self.res_schema = array("i")
         self.res_masked = array("b")
         self.pool = array("d")
-        self.exact_ints: dict[int, int] = {}  # pool position -> int beyond 2**53
         self.info_pool = bytearray()
         self.info_end = array("q")
         self.schemas: list[tuple[tuple[str, ...], tuple[bool, ...]]] = []
@@ -108,9 +107,6 @@ class ProfileState:
         if schema is None:
             schema = self._schema_ids[shape] = len(self.schemas)
             self.schemas.append(shape)
-        base = len(self.pool)
-        for offset, value in record.exact_ints:
-            self.exact_ints[base + offset] = value
         self.res_task.append(task)
         self.res_rollout.append(rollout)
         self.res_schema.append(schema)
@@ -139,8 +135,7 @@ class ProfileState:
                 ident = self._schema_ids[shape] = len(self.schemas)
                 self.schemas.append(shape)
             schema_map.append(ident)
-        base, info_base = len(self.pool), len(self.info_pool)
-        self.exact_ints.update({base + k: v for k, v in other.exact_ints.items()})
+        info_base = len(self.info_pool)
         self.res_task.extend(other.res_task)
         self.res_rollout.extend(other.res_rollout)
         mapped = np.array(schema_map, dtype=np.int32)[np.frombuffer(other.res_schema, np.int32)]
