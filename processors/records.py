@@ -100,3 +100,33 @@ def extract_result(result: dict[str, Any], task: int, rollout: int) -> ResultRec
                 continue
             info[key] = raw
     return ResultRecord(tuple(names), tuple(is_int), tuple(values), orjson.dumps(info), masked)
+
+
+def slim_result(result: dict[str, Any]) -> dict[str, Any]:
+    """The part of a result row profiling reads, for the wire (see ``rewardstream.contract``).
+
+    Every top-level key keeps its position (a usage value overrides a top-level one *at its
+    position*, spec §2.6), but values profiling never reads become null; ``reward`` stays raw
+    (``rollout_infos`` echoes it), ``mask_sample`` keeps its truthiness, ``response`` keeps only
+    its ``usage`` (nested objects there become null for the same reason), and private ``_*``
+    keys, read nowhere, are dropped. ``extract_result(slim_result(r)) == extract_result(r)``.
+    """
+    slim: dict[str, Any] = {}
+    for key, raw in result.items():
+        if key[:1] == "_":
+            continue
+        if key == "reward":
+            slim[key] = raw
+        elif key == "mask_sample":
+            slim[key] = bool(raw)
+        elif key == "response":
+            usage = _usage(result)
+            slim[key] = {"usage": {k: _scalar(v) for k, v in usage.items()}} if usage else None
+        else:
+            slim[key] = _scalar(raw)
+    return slim
+
+
+def _scalar(value: Any) -> Any:
+    kind = type(value)
+    return value if kind is bool or kind is int or kind is float else None

@@ -1,0 +1,121 @@
+"""The wire contract of the streaming pipeline: every stage imports its events from here.
+
+Three topics per prefix (``<prefix>.inputs``, ``<prefix>.rollouts``, ``<prefix>.control``) plus
+``<prefix>.dead-letters`` for events that cannot be processed. Every message is keyed by its
+task index (ASCII decimal), so all rollouts of a task meet in one partition; control events are
+keyed by run id. Every event carries ``v`` (schema version) and ``run_id``, so several
+collections can share the topics.
+
+A rollout event carries the *slim* result (:func:`processors.records.slim_result`): every
+top-level key in order, with only the values profiling reads, so the processor extracts exactly
+what the batch profiler extracts from the full row while the full row stays in rollouts.jsonl.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NamedTuple
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ControlEvent",
+    "InputEvent",
+    "RolloutEvent",
+    "RunFinished",
+    "RunStarted",
+    "Topics",
+    "decode_control",
+    "decode_input",
+    "decode_rollout",
+    "encode",
+    "task_key",
+]
+
+SCHEMA_VERSION: Literal[1] = 1
+
+
+class Topics(NamedTuple):
+    """Topic names for one prefix (several pipelines can share a broker)."""
+
+    inputs: str
+    rollouts: str
+    control: str
+    dead_letters: str
+
+    @classmethod
+    def for_prefix(cls, prefix: str = "rewardstream") -> Topics:
+        return cls(
+            f"{prefix}.inputs", f"{prefix}.rollouts", f"{prefix}.control", f"{prefix}.dead-letters"
+        )
+
+
+def task_key(task: int) -> bytes:
+    """Message key of everything about one task: its index in ASCII decimal."""
+    return b"%d" % task
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = SCHEMA_VERSION
+    run_id: str = Field(min_length=1, max_length=200)
+
+
+class InputEvent(_Event):
+    """One materialized input row; ``line`` is its 0-based line in the inputs file (its order)."""
+
+    type: Literal["input"] = "input"
+    line: int = Field(ge=0)
+    row: dict[str, Any]
+
+
+class RolloutEvent(_Event):
+    """One completed rollout: its key, its agent (for live stats) and its slim result."""
+
+    type: Literal["rollout"] = "rollout"
+    task: int
+    rollout: int
+    agent: str | None = None
+    result: dict[str, Any]
+    published_at: float = Field(description="publisher's wall clock, seconds since the epoch")
+
+
+class RunStarted(_Event):
+    """A collection began: how many rollouts to expect and the rollouts file's stem."""
+
+    type: Literal["run_started"] = "run_started"
+    expected_rollouts: int = Field(ge=0)
+    output_stem: str = Field(min_length=1, max_length=200, pattern=r"^[\w.-]+$")
+
+
+class RunFinished(_Event):
+    """The collection ended (complete or not): the processor writes the final profile."""
+
+    type: Literal["run_finished"] = "run_finished"
+
+
+ControlEvent = Annotated[RunStarted | RunFinished, Field(discriminator="type")]
+_CONTROL: TypeAdapter[RunStarted | RunFinished] = TypeAdapter(ControlEvent)
+
+
+def encode(event: _Event) -> bytes:
+    """Compact JSON bytes of an event."""
+    return orjson.dumps(event.model_dump())
+
+
+# Decoding parses with orjson (not pydantic's parser) so numbers follow the batch reader's rules
+# exactly (spec §0.2: NaN/Infinity rejected, ints beyond 64 bits become floats).
+
+
+def decode_input(raw: bytes) -> InputEvent:
+    return InputEvent.model_validate(orjson.loads(raw))
+
+
+def decode_rollout(raw: bytes) -> RolloutEvent:
+    return RolloutEvent.model_validate(orjson.loads(raw))
+
+
+def decode_control(raw: bytes) -> RunStarted | RunFinished:
+    return _CONTROL.validate_python(orjson.loads(raw))
