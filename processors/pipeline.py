@@ -14,6 +14,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import ValidationError
 
+from processors.profile import build_profile
 from processors.runs import RunTracker
 from rewardstream.contract import (
     RunFinished,
@@ -23,9 +24,9 @@ from rewardstream.contract import (
     decode_rollout,
 )
 from rewardstream.errors import RewardstreamError
-from sinks.files import ProfilePaths, write_profile
+from sinks.files import ProfilePaths, render_files, write_profile
 
-__all__ = ["EventKind", "Pipeline", "Rejected"]
+__all__ = ["EventKind", "Pipeline", "Rejected", "Snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,16 @@ class Rejected(NamedTuple):
     kind: EventKind
     reason: str
     raw: bytes
+
+
+class Snapshot(NamedTuple):
+    """A partial profile: what ``ng_reward_profile ++allow_partial_rollouts=True`` would write
+    for exactly the ``rollouts`` results (and ``inputs`` rows) consumed when it was taken."""
+
+    run_id: str
+    rollouts: int
+    inputs: int
+    files: dict[str, bytes]
 
 
 class Pipeline:
@@ -91,6 +102,23 @@ class Pipeline:
             return None
         return tracker
 
+    def snapshot_job(self, run_id: str) -> Callable[[], Snapshot]:
+        """Copy the run's state now (cheap) and return the expensive build, to run elsewhere.
+
+        The copy makes the snapshot consistent while ingestion continues on the live state.
+        Raises KeyError for an unknown run.
+        """
+        tracker = self.runs[run_id]
+        state, spill, paths = tracker.state.copy(), tracker.spill, self.paths(tracker)
+
+        def build() -> Snapshot:
+            profile = build_profile(state, allow_partial=True)
+            chunks = render_files(profile, spill.sample)
+            files = {p.name: b"".join(c) for p, c in zip(paths, chunks, strict=True)}
+            return Snapshot(run_id, state.num_results, state.num_inputs, files)
+
+        return build
+
     def paths(self, tracker: RunTracker) -> ProfilePaths:
         stem = tracker.started.output_stem if tracker.started else "rollouts"
         return ProfilePaths.next_to(self.output_dir / tracker.run_id / f"{stem}.jsonl")
@@ -115,7 +143,5 @@ class Pipeline:
         except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
             log.error("run %s: no final profile: %s", tracker.run_id, exc)
             return None
-        finally:
-            tracker.spill.close()
         log.info("run %s: final profile written to %s", tracker.run_id, paths.reward_profiling)
         return paths

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import BinaryIO
 
 import orjson
 
@@ -23,27 +22,41 @@ __all__ = ["RunTracker", "SampleSpill"]
 
 
 class SampleSpill:
-    """Append-only file of ``sample`` rows (one JSON line each), addressed by byte offset."""
+    """Append-only file of ``sample`` rows (one JSON line each), addressed by byte offset.
+
+    Writes are unbuffered and reads use ``pread``, so a snapshot thread can read samples while
+    the consumer keeps appending.
+    """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._fh: BinaryIO = open(path, "w+b")  # noqa: SIM115 - closed by close()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        self._size = 0
 
     def append(self, row: dict[str, object]) -> int:
         sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
-        self._fh.seek(0, os.SEEK_END)
-        offset = self._fh.tell()
-        self._fh.write(orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE))
+        data = orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE)
+        offset = self._size
+        os.write(self._fd, data)
+        self._size += len(data)
         return offset
 
     def sample(self, offset: int) -> bytes:
-        self._fh.flush()
-        self._fh.seek(offset)
-        return self._fh.readline().rstrip(b"\n")
+        chunks = []
+        while True:
+            chunk = os.pread(self._fd, 1 << 16, offset)
+            end = chunk.find(b"\n")
+            if end >= 0 or not chunk:
+                chunks.append(chunk[:end] if end >= 0 else chunk)
+                return b"".join(chunks)
+            chunks.append(chunk)
+            offset += len(chunk)
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class RunTracker:

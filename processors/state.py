@@ -148,6 +148,12 @@ class ProfileState:
         for agent, stats in other.live.items():
             self.live.setdefault(agent, RunningStats()).merge(stats)
 
+    def copy(self) -> ProfileState:
+        """An independent copy (a snapshot can be built from it while ingestion goes on)."""
+        clone = ProfileState()
+        clone.merge(self)
+        return clone
+
     # -- read-only views for the profile builder --------------------------------------------
     @property
     def num_inputs(self) -> int:

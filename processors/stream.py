@@ -10,11 +10,13 @@ count every rollout once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 
+from processors.http import make_app, serve
 from processors.pipeline import EventKind, Pipeline
 from rewardstream.contract import Topics
 
@@ -43,30 +45,39 @@ class StreamProcessor:
             self.topics.control: "control",
         }
         self.consumed = 0
+        self.positions: dict[str, int] = {}  # "topic:partition" -> next offset to consume
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Process until ``stop`` is set."""
-        consumer = AIOKafkaConsumer(
-            *self._kinds,
-            bootstrap_servers=self.bootstrap,
-            group_id=self.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=8 << 20,
-        )
-        await consumer.start()
-        try:
-            while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=200, max_records=20_000)
-                touched = {}
-                for tp, records in batch.items():
-                    kind = self._kinds[tp.topic]
-                    for record in records:
-                        tracker = self.pipeline.handle(kind, record.value or b"")
-                        if tracker is not None:
-                            touched[tracker.run_id] = tracker
-                    self.consumed += len(records)
-                for tracker in touched.values():
-                    self.pipeline.maybe_finish(tracker)
-        finally:
-            await consumer.stop()
+    async def run(self, stop: asyncio.Event, http: tuple[str, int] | None = None) -> None:
+        """Process until ``stop`` is set, serving snapshots on ``http`` (host, port) if given."""
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(self.pipeline.close)
+            if http is not None:
+                runner = await serve(make_app(self.pipeline, lambda: dict(self.positions)), *http)
+                stack.push_async_callback(runner.cleanup)
+            consumer = AIOKafkaConsumer(
+                *self._kinds,
+                bootstrap_servers=self.bootstrap,
+                group_id=self.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=8 << 20,
+            )
+            await consumer.start()
+            stack.push_async_callback(consumer.stop)
+            await self._consume(consumer, stop)
+
+    async def _consume(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=200, max_records=20_000)
+            touched = {}
+            for tp, records in batch.items():
+                kind = self._kinds[tp.topic]
+                for record in records:
+                    tracker = self.pipeline.handle(kind, record.value or b"")
+                    if tracker is not None:
+                        touched[tracker.run_id] = tracker
+                self.consumed += len(records)
+                if records:
+                    self.positions[f"{tp.topic}:{tp.partition}"] = records[-1].offset + 1
+            for tracker in touched.values():
+                self.pipeline.maybe_finish(tracker)

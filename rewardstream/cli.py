@@ -6,16 +6,25 @@ Every user error ends as one line on stderr and exit code 2 (never a traceback).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import signal
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from rewardstream import kafka_local
 from rewardstream.batch import ProfileConfig, print_summary, run_profile
-from rewardstream.errors import ProfileError, RewardstreamError
+from rewardstream.errors import InputError, ProfileError, RewardstreamError
 from rewardstream.overrides import parse_overrides
+from sinks.files import write_files
 
 __all__ = ["main", "ng_reward_profile"]
 
@@ -86,6 +95,56 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return _profile("rewardstream profile", config)
 
 
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _cmd_stream(args: argparse.Namespace) -> int:
+    from processors.stream import StreamProcessor
+    from rewardstream.contract import Topics
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    processor = StreamProcessor(
+        args.bootstrap, Path(args.output_dir), Topics.for_prefix(args.topic_prefix), args.group_id
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await processor.run(stop, args.http)
+
+    asyncio.run(main())
+    return 0
+
+
+def _cmd_snapshot(args: argparse.Namespace) -> int:
+    url = f"{args.url.rstrip('/')}/runs/{urllib.parse.quote(args.run_id, safe='')}/snapshot"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=600) as r:
+            body = orjson.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise InputError(
+            f"snapshot failed: HTTP {exc.code} {exc.read().decode(errors='replace')}"
+        ) from None
+    except urllib.error.URLError as exc:
+        raise InputError(f"cannot reach {args.url}: {exc.reason}") from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_files([(out / Path(name).name, [text.encode()]) for name, text in body["files"].items()])
+    print(
+        f"snapshot run_id={body['run_id']} rollouts={body['rollouts']} inputs={body['inputs']} "
+        f"offsets={orjson.dumps(body['offsets']).decode()} -> {out}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rewardstream", description="Streaming reward profiler for LLM RL rollouts."
@@ -100,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="NeMo Gym overrides, e.g. ++allow_partial_rollouts=True"
     )
     p.set_defaults(func=_cmd_profile)
+    st = sub.add_parser("stream", help="run the Kafka stream processor")
+    st.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
+    st.add_argument("--output-dir", required=True, help="final profiles go to DIR/<run_id>/")
+    st.add_argument("--http", type=_host_port, help="serve snapshots on HOST:PORT")
+    st.add_argument("--topic-prefix", default="rewardstream")
+    st.add_argument("--group-id", default=None, help="consumer group (default <prefix>-profiler)")
+    st.set_defaults(func=_cmd_stream)
+    sn = sub.add_parser("snapshot", help="fetch a partial profile from a running processor")
+    sn.add_argument("--url", required=True, help="the processor's http://HOST:PORT")
+    sn.add_argument("--run-id", required=True)
+    sn.add_argument("--out", required=True, help="folder for the three profile files")
+    sn.set_defaults(func=_cmd_snapshot)
     kafka_local.add_parser(sub)
     return parser
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
@@ -19,7 +19,14 @@ import orjson
 from processors.profile import Profile
 from rewardstream.errors import InputError
 
-__all__ = ["InputsFile", "ProfilePaths", "summary_lines", "write_profile"]
+__all__ = [
+    "InputsFile",
+    "ProfilePaths",
+    "render_files",
+    "summary_lines",
+    "write_files",
+    "write_profile",
+]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -66,26 +73,35 @@ class InputsFile:
         self.close()
 
 
-def _chunks(profile: Profile, sample: Callable[[int], bytes]) -> Iterable[bytes]:
+def _task_lines(profile: Profile, sample: Callable[[int], bytes]) -> Iterable[bytes]:
     for row in profile.task_rows:
         yield profile.render(row, sample(row.sample_locator))
 
 
-def write_profile(profile: Profile, paths: ProfilePaths, sample: Callable[[int], bytes]) -> None:
-    """Write the three files; all or nothing (earlier files are put back if a later one fails)."""
-    contents: list[Iterable[bytes]] = [
-        _chunks(profile, sample),
+def render_files(profile: Profile, sample: Callable[[int], bytes]) -> list[Iterable[bytes]]:
+    """The byte chunks of the three files, in :class:`ProfilePaths` order (task rows lazily)."""
+    return [
+        _task_lines(profile, sample),
         [orjson.dumps(profile.agent_metrics)],
         [orjson.dumps(profile.repeat_metrics)],
     ]
-    for target in paths:
+
+
+def write_profile(profile: Profile, paths: ProfilePaths, sample: Callable[[int], bytes]) -> None:
+    """Write the three profile files; all or nothing."""
+    write_files(list(zip(paths, render_files(profile, sample), strict=True)))
+
+
+def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:
+    """Write several files as one: all or nothing (earlier ones are put back if one fails)."""
+    for target, _ in files:
         if target.is_dir():
             raise InputError(f"Cannot write '{target}': Is a directory")
     temps: list[tuple[str, Path]] = []
     moved: list[tuple[Path, str]] = []  # (target, backup of what was there)
     placed: list[Path] = []
     try:
-        for target, chunks in zip(paths, contents, strict=True):
+        for target, chunks in files:
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
             temps.append((tmp, target))
             os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide results from teammates
@@ -106,7 +122,7 @@ def write_profile(profile: Profile, paths: ProfilePaths, sample: Callable[[int],
             os.rename(backup, target)
         moved.clear()
         raise InputError(
-            f"Cannot write '{exc.filename or paths.reward_profiling}': {exc.strerror or exc}"
+            f"Cannot write '{exc.filename or files[0][0]}': {exc.strerror or exc}"
         ) from None
     finally:
         for tmp, _ in temps:

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import NamedTuple
+
+import orjson
+
+from processors.pipeline import EventKind
+from processors.records import slim_result
+from processors.state import row_key
+from rewardstream.contract import InputEvent, RolloutEvent, RunFinished, RunStarted, encode
 
 GOLDEN = Path(
     os.environ.get("REWARDSTREAM_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden")
@@ -55,3 +63,29 @@ def golden_cases() -> list[GoldenCase]:
                 GoldenCase(f"{name}+allow_partial", source, stem, expected / "allow_partial")
             )
     return cases
+
+
+def golden_events(case: GoldenCase, run_id: str, finish: bool) -> list[tuple[EventKind, bytes]]:
+    """The case as wire events: inputs, rollouts, RunStarted, and RunFinished when ``finish``."""
+    inputs = (case.source / f"{case.stem}_materialized_inputs.jsonl").read_bytes().splitlines()
+    results = (case.source / f"{case.stem}.jsonl").read_bytes().splitlines()
+    out: list[tuple[EventKind, bytes]] = [
+        ("input", encode(InputEvent(run_id=run_id, line=i, row=orjson.loads(r))))
+        for i, r in enumerate(inputs)
+    ]
+    for line in results:
+        result = orjson.loads(line)
+        task, rollout = row_key(result)
+        event = RolloutEvent(
+            run_id=run_id,
+            task=task,
+            rollout=rollout,
+            result=slim_result(result),
+            published_at=time.time(),
+        )
+        out.append(("rollout", encode(event)))
+    started = RunStarted(run_id=run_id, expected_rollouts=len(inputs), output_stem=case.stem)
+    out.append(("control", encode(started)))
+    if finish:
+        out.append(("control", encode(RunFinished(run_id=run_id))))
+    return out

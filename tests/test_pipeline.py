@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
-import orjson
 import pytest
 
-from processors.pipeline import EventKind, Pipeline, Rejected
-from processors.records import slim_result
-from processors.state import row_key
-from rewardstream.contract import InputEvent, RolloutEvent, RunFinished, RunStarted, encode
-from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases
+from processors.pipeline import Pipeline, Rejected
+from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 
 CASES = (
     [c for c in golden_cases() if not (c.expected / "error.txt").exists()]
@@ -22,42 +17,10 @@ CASES = (
 )
 
 
-def events(case: GoldenCase, run_id: str, finish: bool) -> list[tuple[EventKind, bytes]]:
-    rows = [
-        orjson.loads(x)
-        for x in (case.source / f"{case.stem}_materialized_inputs.jsonl").read_bytes().splitlines()
-    ]
-    results = [
-        orjson.loads(x) for x in (case.source / f"{case.stem}.jsonl").read_bytes().splitlines()
-    ]
-    out: list[tuple[EventKind, bytes]] = [
-        ("input", encode(InputEvent(run_id=run_id, line=i, row=r))) for i, r in enumerate(rows)
-    ]
-    for r in results:
-        task, rollout = row_key(r)
-        event = RolloutEvent(
-            run_id=run_id,
-            task=task,
-            rollout=rollout,
-            result=slim_result(r),
-            published_at=time.time(),
-        )
-        out.append(("rollout", encode(event)))
-    out.append(
-        (
-            "control",
-            encode(RunStarted(run_id=run_id, expected_rollouts=len(rows), output_stem=case.stem)),
-        )
-    )
-    if finish:
-        out.append(("control", encode(RunFinished(run_id=run_id))))
-    return out
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_events_in_any_order_give_the_golden_files(case: GoldenCase, tmp_path: Path) -> None:
     partial = case.name.endswith("+allow_partial")
-    evs = events(case, "run-1", finish=partial)
+    evs = golden_events(case, "run-1", finish=partial)
     shuffled = evs[:-1] if partial else list(evs)
     random.Random(7).shuffle(shuffled)
     if partial:

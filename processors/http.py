@@ -1,0 +1,71 @@
+"""The processor's HTTP endpoint: health, runs, and consistent partial-profile snapshots.
+
+Binds 127.0.0.1 unless told otherwise. A snapshot is built in a worker thread from a copy of the
+run's state, so ingestion keeps running while it is taken; the files come back in the response
+body (the server never writes where a client asks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from processors.pipeline import Pipeline
+
+__all__ = ["make_app", "serve"]
+
+
+def make_app(pipeline: Pipeline, coverage: Callable[[], dict[str, int]]) -> web.Application:
+    """``coverage`` reports the next offset to consume per ``topic:partition``."""
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def runs(_: web.Request) -> web.Response:
+        return web.json_response(
+            [
+                {
+                    "run_id": t.run_id,
+                    "rollouts": t.rollouts,
+                    "expected_rollouts": t.started.expected_rollouts if t.started else None,
+                    "finished": t.finished,
+                    "done": t.done,
+                    "duplicates": t.duplicates,
+                }
+                for t in pipeline.runs.values()
+            ]
+        )
+
+    async def snapshot(request: web.Request) -> web.Response:
+        run_id = request.match_info["run_id"]
+        try:
+            job = pipeline.snapshot_job(run_id)
+        except KeyError:
+            raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}") from None
+        offsets = coverage()
+        snap = await asyncio.get_running_loop().run_in_executor(None, job)
+        body: dict[str, Any] = {
+            "run_id": snap.run_id,
+            "rollouts": snap.rollouts,
+            "inputs": snap.inputs,
+            "offsets": offsets,
+            "files": {name: data.decode() for name, data in snap.files.items()},
+        }
+        return web.json_response(body)
+
+    app = web.Application(client_max_size=1 << 20)
+    app.router.add_get("/healthz", health)
+    app.router.add_get("/runs", runs)
+    app.router.add_post("/runs/{run_id}/snapshot", snapshot)
+    return app
+
+
+async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Start serving ``app``; stop with ``await runner.cleanup()``."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

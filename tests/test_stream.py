@@ -1,0 +1,141 @@
+"""The Kafka stream processor against a real broker: final files and snapshots equal batch."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from processors.pipeline import EventKind
+from processors.stream import StreamProcessor
+from rewardstream.cli import main, ng_reward_profile
+from rewardstream.contract import Topics, task_key
+from rewardstream.kafka_local import free_port
+from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
+
+pytestmark = [
+    pytest.mark.kafka,
+    pytest.mark.skipif(not GOLDEN.exists(), reason="no goldens"),
+]
+
+CASES = {c.name: c for c in golden_cases()} if GOLDEN.exists() else {}
+
+
+class Running:
+    """A processor running in the test's event loop, plus a producer onto its topics."""
+
+    def __init__(self, processor: StreamProcessor, producer: AIOKafkaProducer, url: str) -> None:
+        self.processor, self.producer, self.url = processor, producer, url
+
+    async def send(self, events: list[tuple[EventKind, bytes]], run_id: str) -> None:
+        topics = self.processor.topics
+        topic = {"input": topics.inputs, "rollout": topics.rollouts, "control": topics.control}
+        for kind, raw in events:
+            key = run_id.encode() if kind == "control" else task_key(_task(raw))
+            await self.producer.send(topic[kind], raw, key=key)
+        await self.producer.flush()
+
+    async def wait(self, done: Callable[[], bool], timeout: float = 60.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not done():
+                await asyncio.sleep(0.05)
+
+
+def _task(raw: bytes) -> int:
+    event = orjson.loads(raw)
+    return int(event["task"] if "task" in event else event["row"]["_ng_task_index"])
+
+
+@pytest.fixture
+async def running(
+    kafka_bootstrap: str, unique_name: Callable[[str], str], tmp_path: Path
+) -> AsyncIterator[Running]:
+    topics = Topics.for_prefix(unique_name("rs"))
+    processor = StreamProcessor(kafka_bootstrap, tmp_path / "out", topics)
+    port = free_port()
+    stop = asyncio.Event()
+    task = asyncio.create_task(processor.run(stop, ("127.0.0.1", port)))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        yield Running(processor, producer, f"http://127.0.0.1:{port}")
+    finally:
+        await producer.stop()
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def _assert_files(folder: Path, case: GoldenCase) -> None:
+    for suffix in OUTPUT_SUFFIXES:
+        name = f"{case.stem}{suffix}"
+        assert (folder / name).read_bytes() == (case.expected / name).read_bytes(), name
+
+
+async def test_final_profiles_equal_batch_and_republish_changes_nothing(running: Running) -> None:
+    names = ["blackjack", "multi_agent", "mask_sample", "partial+allow_partial"]
+    for name in names:
+        case = CASES[name]
+        events = golden_events(case, name, finish=name.endswith("allow_partial"))
+        await running.send(events, name)
+        await running.send(events[:4], name)  # republished events are deduplicated
+    runs = running.processor.pipeline.runs
+    await running.wait(lambda: all(n in runs and runs[n].done for n in names))
+    for name in names:
+        _assert_files(running.processor.pipeline.output_dir / name, CASES[name])
+    assert runs["blackjack"].duplicates == 4
+
+
+async def test_snapshot_mid_stream_equals_partial_batch_profile(
+    running: Running, tmp_path: Path
+) -> None:
+    case = CASES["ints_only"]
+    events = golden_events(case, "snap", finish=False)
+    inputs = [e for e in events if e[0] == "input"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    await running.send(inputs + rollouts[:4], "snap")
+    runs = running.processor.pipeline.runs
+    await running.wait(lambda: "snap" in runs and runs["snap"].rollouts == 4)
+
+    out = tmp_path / "snapshot"
+    code = await asyncio.to_thread(
+        main, ["snapshot", "--url", running.url, "--run-id", "snap", "--out", str(out)]
+    )
+    assert code == 0
+
+    # batch profile of exactly the consumed prefix, with allow_partial
+    batch = tmp_path / "batch"
+    batch.mkdir()
+    shutil.copy(case.source / f"{case.stem}_materialized_inputs.jsonl", batch)
+    prefix = (case.source / f"{case.stem}.jsonl").read_bytes().splitlines(keepends=True)[:4]
+    (batch / f"{case.stem}.jsonl").write_bytes(b"".join(prefix))
+    inputs_path = batch / f"{case.stem}_materialized_inputs.jsonl"
+    rollouts_path = batch / f"{case.stem}.jsonl"
+    argv = [
+        f"+materialized_inputs_jsonl_fpath={inputs_path}",
+        f"+rollouts_jsonl_fpath={rollouts_path}",
+        "++allow_partial_rollouts=True",
+    ]
+    assert ng_reward_profile(argv) == 0
+    for suffix in OUTPUT_SUFFIXES:
+        name = f"{case.stem}{suffix}"
+        assert (out / name).read_bytes() == (batch / name).read_bytes(), name
+
+    # the run then completes with the same bytes as the golden
+    await running.send(rollouts[4:] + [e for e in events if e[0] == "control"], "snap")
+    await running.wait(lambda: runs["snap"].done)
+    _assert_files(running.processor.pipeline.output_dir / "snap", case)
+
+
+async def test_snapshot_of_unknown_run_is_a_clear_error(
+    running: Running, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = await asyncio.to_thread(
+        main, ["snapshot", "--url", running.url, "--run-id", "nope", "--out", str(tmp_path)]
+    )
+    assert code == 2
+    assert "HTTP 404 unknown run_id 'nope'" in capsys.readouterr().err
