@@ -9,7 +9,7 @@ STAMP    = $(VENV)/.installed
 .PHONY: install kafka-jars lint test unit demo bench clean
 
 $(STAMP): pyproject.toml
-	@command -v java >/dev/null && command -v mvn >/dev/null || bash .ci/system-deps
+	@bash .ci/system-deps
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[dev]'

@@ -12,14 +12,21 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from processors.pipeline import Pipeline
 
 __all__ = ["make_app", "serve"]
 
 
-def make_app(pipeline: Pipeline, coverage: Callable[[], dict[str, int]]) -> web.Application:
+def make_app(
+    pipeline: Pipeline, coverage: Callable[[], dict[str, int]], registry: CollectorRegistry | None
+) -> web.Application:
     """``coverage`` reports the next offset to consume per ``topic:partition``."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry) if registry is not None else b""
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def health(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -58,6 +65,7 @@ def make_app(pipeline: Pipeline, coverage: Callable[[], dict[str, int]]) -> web.
 
     app = web.Application(client_max_size=1 << 20)
     app.router.add_get("/healthz", health)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/runs", runs)
     app.router.add_post("/runs/{run_id}/snapshot", snapshot)
     return app

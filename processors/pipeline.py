@@ -25,6 +25,7 @@ from rewardstream.contract import (
 )
 from rewardstream.errors import RewardstreamError
 from sinks.files import ProfilePaths, render_files, write_profile
+from sinks.metrics import Metrics
 
 __all__ = ["EventKind", "Pipeline", "Rejected", "Snapshot"]
 
@@ -55,10 +56,14 @@ class Pipeline:
     """All runs seen on the topics; writes each run's final profile under ``output_dir``."""
 
     def __init__(
-        self, output_dir: Path, on_reject: Callable[[Rejected], None] | None = None
+        self,
+        output_dir: Path,
+        on_reject: Callable[[Rejected], None] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.output_dir = output_dir
         self.runs: dict[str, RunTracker] = {}
+        self.metrics = metrics
         self.on_reject = on_reject or (
             lambda r: log.warning("rejected %s event: %s", r.kind, r.reason)
         )
@@ -85,11 +90,16 @@ class Pipeline:
             if kind == "input":
                 ev_in = decode_input(raw)
                 tracker = self.tracker(ev_in.run_id)
-                tracker.add_input(ev_in)
+                if not tracker.add_input(ev_in) and self.metrics:
+                    self.metrics.duplicates.labels(kind).inc()
             elif kind == "rollout":
                 ev_out = decode_rollout(raw)
                 tracker = self.tracker(ev_out.run_id)
-                tracker.add_rollout(ev_out)
+                if tracker.add_rollout(ev_out):
+                    if self.metrics:
+                        self.metrics.rollout(ev_out.agent, ev_out.published_at)
+                elif self.metrics:
+                    self.metrics.duplicates.labels(kind).inc()
             else:
                 control = decode_control(raw)
                 tracker = self.tracker(control.run_id)
@@ -98,6 +108,8 @@ class Pipeline:
                 elif isinstance(control, RunFinished):
                     tracker.finished = True
         except (ValidationError, RewardstreamError, ValueError) as exc:
+            if self.metrics:
+                self.metrics.rejected.labels(kind).inc()
             self.on_reject(Rejected(kind, " ".join(str(exc).split())[:500], raw))
             return None
         return tracker

@@ -130,3 +130,10 @@ def slim_result(result: dict[str, Any]) -> dict[str, Any]:
 def _scalar(value: Any) -> Any:
     kind = type(value)
     return value if kind is bool or kind is int or kind is float else None
+
+
+def agent_of(row: dict[str, Any]) -> str | None:
+    """``agent_ref.name`` of a row or result when it is a string (live stats are keyed by it)."""
+    ref = row.get("agent_ref")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) else None

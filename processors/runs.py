@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import orjson
 
 from processors.profile import Profile, build_profile
@@ -103,6 +104,19 @@ class RunTracker:
         self._results.add(key)
         self.state.add_record(event.task, event.rollout, record, event.agent)
         return True
+
+    def tasks_complete(self) -> int:
+        """Tasks whose every materialized row has its result (masked ones included)."""
+        tasks, rows = np.unique(ProfileState.column(self.state.in_task), return_counts=True)
+        done = dict(
+            zip(
+                *np.unique(ProfileState.column(self.state.res_task), return_counts=True),
+                strict=True,
+            )
+        )
+        return sum(
+            1 for t, n in zip(tasks.tolist(), rows.tolist(), strict=True) if done.get(t) == n
+        )
 
     def profile(self, allow_partial: bool) -> Profile:
         return build_profile(self.state, allow_partial)

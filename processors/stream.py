@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer
 from processors.http import make_app, serve
 from processors.pipeline import EventKind, Pipeline
 from rewardstream.contract import Topics
+from sinks.metrics import Metrics
 
 __all__ = ["StreamProcessor"]
 
@@ -38,7 +39,9 @@ class StreamProcessor:
         self.bootstrap = bootstrap
         self.topics = topics or Topics.for_prefix()
         self.group_id = group_id or f"{self.topics.inputs.rsplit('.', 1)[0]}-profiler"
-        self.pipeline = Pipeline(output_dir)
+        self.metrics = Metrics(lambda: self.pipeline.runs, self.lag)
+        self.pipeline = Pipeline(output_dir, metrics=self.metrics)
+        self._consumer: AIOKafkaConsumer | None = None
         self._kinds: dict[str, EventKind] = {
             self.topics.inputs: "input",
             self.topics.rollouts: "rollout",
@@ -52,7 +55,8 @@ class StreamProcessor:
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self.pipeline.close)
             if http is not None:
-                runner = await serve(make_app(self.pipeline, lambda: dict(self.positions)), *http)
+                app = make_app(self.pipeline, lambda: dict(self.positions), self.metrics.registry)
+                runner = await serve(app, *http)
                 stack.push_async_callback(runner.cleanup)
             consumer = AIOKafkaConsumer(
                 *self._kinds,
@@ -64,7 +68,21 @@ class StreamProcessor:
             )
             await consumer.start()
             stack.push_async_callback(consumer.stop)
+            self._consumer = consumer
             await self._consume(consumer, stop)
+
+    def lag(self) -> dict[str, int]:
+        """Messages between this processor's position and the log end, per partition."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        out = {}
+        for tp in consumer.assignment():
+            end = consumer.highwater(tp)
+            if end is not None:
+                done = self.positions.get(f"{tp.topic}:{tp.partition}", 0)
+                out[f"{tp.topic}:{tp.partition}"] = max(0, end - done)
+        return out
 
     async def _consume(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import orjson
 
 from processors.pipeline import EventKind
-from processors.records import slim_result
+from processors.records import agent_of, slim_result
 from processors.state import row_key
 from rewardstream.contract import InputEvent, RolloutEvent, RunFinished, RunStarted, encode
 
@@ -80,6 +80,7 @@ def golden_events(case: GoldenCase, run_id: str, finish: bool) -> list[tuple[Eve
             run_id=run_id,
             task=task,
             rollout=rollout,
+            agent=agent_of(result),
             result=slim_result(result),
             published_at=time.time(),
         )

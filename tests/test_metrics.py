@@ -1,0 +1,163 @@
+"""Processor metrics: values from a fresh registry, and scraped by a real Prometheus server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from processors.http import make_app, serve
+from processors.pipeline import Pipeline
+from rewardstream.kafka_local import free_port
+from sinks.metrics import Metrics
+from tests.golden import GOLDEN, golden_cases, golden_events
+
+pytestmark = pytest.mark.skipif(not GOLDEN.exists(), reason="no goldens")
+
+
+def _pipeline(tmp_path: Path) -> tuple[Pipeline, Metrics]:
+    holder: dict[str, Pipeline] = {}
+    metrics = Metrics(lambda: holder["p"].runs)
+    pipeline = holder["p"] = Pipeline(tmp_path, metrics=metrics)
+    case = next(c for c in golden_cases() if c.name == "multi_agent")
+    events = golden_events(case, "m", finish=False)
+    for kind, raw in events + events[:2]:  # two duplicates
+        tracker = pipeline.handle(kind, raw)
+        assert tracker is not None
+    pipeline.handle("rollout", b"{bad")
+    return pipeline, metrics
+
+
+def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(metrics.registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_counters_and_live_reward_stats(tmp_path: Path) -> None:
+    pipeline, metrics = _pipeline(tmp_path)
+    with pipeline:
+        got = _samples(metrics)
+        rows = [
+            orjson.loads(x)
+            for x in (GOLDEN / "edge_cases/multi_agent/rollouts.jsonl").read_bytes().splitlines()
+        ]
+        consumed = sum(
+            v for (n, _), v in got.items() if n == "rewardstream_rollouts_consumed_total"
+        )
+        assert consumed == len(rows)
+        assert got[("rewardstream_duplicates_dropped_total", (("kind", "input"),))] == 2
+        assert got[("rewardstream_events_rejected_total", (("kind", "rollout"),))] == 1
+        assert got[("rewardstream_run_completion_ratio", (("run_id", "m"),))] == 1.0
+        by_agent: dict[str, list[float]] = {}
+        for r in rows:
+            by_agent.setdefault(r["agent_ref"]["name"], []).append(float(r["reward"]))
+        for agent, rewards in by_agent.items():
+            labels = (("agent", agent), ("run_id", "m"))
+            assert got[("rewardstream_reward_mean", labels)] == pytest.approx(
+                sum(rewards) / len(rewards)
+            )
+            assert got[("rewardstream_reward_max", labels)] == max(rewards)
+        assert got[("rewardstream_publish_to_visible_seconds_count", ())] == len(rows)
+
+
+@pytest.fixture
+def prometheus_bin() -> str:
+    exe = shutil.which("prometheus")
+    if exe is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("prometheus is not installed (.ci/system-deps installs it)")
+        pytest.skip("prometheus is not installed")
+    return exe
+
+
+@pytest.fixture
+def prometheus(prometheus_bin: str, tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """A real Prometheus scraping 127.0.0.1:<target> every second; yields (its url, target)."""
+    target, port = free_port(), free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs: [{job_name: rewardstream, static_configs: "
+        f"[{{targets: ['127.0.0.1:{target}']}}]}}]\n"
+    )
+    proc = subprocess.Popen(
+        [
+            prometheus_bin,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}", target
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _query(url: str, promql: str) -> list[dict[str, object]]:
+    with urllib.request.urlopen(
+        f"{url}/api/v1/query?query={urllib.parse.quote(promql)}", timeout=5
+    ) as r:
+        body = orjson.loads(r.read())
+    result: list[dict[str, object]] = body["data"]["result"]
+    return result
+
+
+@pytest.fixture
+async def served(
+    tmp_path: Path, prometheus: tuple[str, int]
+) -> AsyncIterator[tuple[str, Pipeline]]:
+    url, target = prometheus
+    pipeline, metrics = _pipeline(tmp_path)
+    runner = await serve(make_app(pipeline, dict, metrics.registry), "127.0.0.1", target)
+    try:
+        yield url, pipeline
+    finally:
+        await runner.cleanup()
+        pipeline.close()
+
+
+async def test_real_prometheus_scrapes_the_processor(served: tuple[str, Pipeline]) -> None:
+    url, _ = served
+    deadline = time.monotonic() + 60
+    result: list[dict[str, object]] = []
+    while time.monotonic() < deadline:
+        try:
+            result = await asyncio.to_thread(
+                _query, url, "sum(rewardstream_rollouts_consumed_total)"
+            )
+        except OSError:
+            result = []
+        if result:
+            break
+        await asyncio.sleep(0.5)
+    assert result, "Prometheus never scraped the processor"
+    value = result[0]["value"]
+    assert isinstance(value, list) and float(value[1]) == 8.0
+    means = await asyncio.to_thread(_query, url, 'rewardstream_reward_mean{run_id="m"}')
+    assert {m["metric"]["agent"] for m in means} == {"alpha", "beta"}  # type: ignore[index]
