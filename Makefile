@@ -1,15 +1,14 @@
 # The two commands of the README, and their building blocks.
 #   make demo   install, then profile a generated collection end to end
-#   make test   install (Python packages, Kafka jars via Maven), lint, type-check, full test suite
+#   make test   install (Python and Debian packages, Kafka jars via Maven), lint, type-check, all tests
 PY      ?= python3
 VENV    ?= .venv
 BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.installed
 
-.PHONY: install kafka-jars lint test unit demo bench clean
+.PHONY: install system-deps kafka-jars lint test unit demo bench clean
 
 $(STAMP): pyproject.toml
-	@bash .ci/system-deps
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[dev]'
@@ -17,7 +16,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-kafka-jars: install
+system-deps:
+	bash .ci/system-deps
+
+kafka-jars: install system-deps
 	$(BIN)/rewardstream kafka fetch
 
 lint: install
