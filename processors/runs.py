@@ -29,11 +29,16 @@ class SampleSpill:
     the consumer keeps appending.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, size: int = 0) -> None:
+        """Open a new spill, or reopen one at ``size`` bytes (dropping what came after it)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-        self._size = 0
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        os.ftruncate(self._fd, size)
+        self._size = size
+
+    def __reduce__(self) -> tuple[type[SampleSpill], tuple[Path, int]]:
+        return (SampleSpill, (self.path, self._size))  # a checkpoint keeps the length, not the fd
 
     def append(self, row: dict[str, object]) -> int:
         sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}

@@ -2,9 +2,10 @@
 
 faust-streaming 0.15.3 was measured to lose a record when a restarted worker finds a backlog
 (README, issue 2), so the processor is a plain aiokafka consumer feeding the shared
-:class:`processors.pipeline.Pipeline`. Offsets are not committed yet: a restarted processor
-replays the topics from the start, and deduplication by (run, task, rollout) makes the replay
-count every rollout once.
+:class:`processors.pipeline.Pipeline`. Every few seconds it checkpoints its runs with the
+offsets they cover (:mod:`processors.checkpoint`); a restarted processor (even after
+``kill -9``) resumes from there, and deduplication by (run, task, rollout) drops what the
+replay after the checkpoint delivers again.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
+from processors import checkpoint
 from processors.http import make_app, serve
 from processors.pipeline import EventKind, Pipeline
 from rewardstream.contract import Topics
@@ -35,6 +38,7 @@ class StreamProcessor:
         output_dir: Path,
         topics: Topics | None = None,
         group_id: str | None = None,
+        checkpoint_every: float = 5.0,
     ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics or Topics.for_prefix()
@@ -49,6 +53,16 @@ class StreamProcessor:
         }
         self.consumed = 0
         self.positions: dict[str, int] = {}  # "topic:partition" -> next offset to consume
+        self.checkpoint_dir = output_dir / ".checkpoint"
+        self.checkpoint_every = checkpoint_every
+        restored = checkpoint.load(self.checkpoint_dir)
+        if restored is not None:
+            self.pipeline.runs, self.positions = restored.runs, dict(restored.positions)
+            log.info(
+                "resumed from checkpoint: %d runs, offsets %s",
+                len(restored.runs),
+                restored.positions,
+            )
 
     async def run(self, stop: asyncio.Event, http: tuple[str, int] | None = None) -> None:
         """Process until ``stop`` is set, serving snapshots on ``http`` (host, port) if given."""
@@ -59,15 +73,16 @@ class StreamProcessor:
                 runner = await serve(app, *http)
                 stack.push_async_callback(runner.cleanup)
             consumer = AIOKafkaConsumer(
-                *self._kinds,
                 bootstrap_servers=self.bootstrap,
                 group_id=self.group_id,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=8 << 20,
             )
+            consumer.subscribe(list(self._kinds), listener=_SeekToCheckpoint(self, consumer))
             await consumer.start()
             stack.push_async_callback(consumer.stop)
+            stack.callback(self.save_checkpoint)
             self._consumer = consumer
             await self._consume(consumer, stop)
 
@@ -84,7 +99,13 @@ class StreamProcessor:
                 out[f"{tp.topic}:{tp.partition}"] = max(0, end - done)
         return out
 
+    def save_checkpoint(self) -> None:
+        checkpoint.save(
+            self.checkpoint_dir, checkpoint.Checkpoint(self.pipeline.runs, dict(self.positions))
+        )
+
     async def _consume(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        last_save = time.monotonic()
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=200, max_records=20_000)
             touched = {}
@@ -99,3 +120,22 @@ class StreamProcessor:
                     self.positions[f"{tp.topic}:{tp.partition}"] = records[-1].offset + 1
             for tracker in touched.values():
                 self.pipeline.maybe_finish(tracker)
+            if batch and time.monotonic() - last_save >= self.checkpoint_every:
+                self.save_checkpoint()
+                last_save = time.monotonic()
+
+
+class _SeekToCheckpoint(ConsumerRebalanceListener):  # type: ignore[misc]
+    """On assignment, start each partition where the checkpoint left it."""
+
+    def __init__(self, processor: StreamProcessor, consumer: AIOKafkaConsumer) -> None:
+        self.processor, self.consumer = processor, consumer
+
+    async def on_partitions_revoked(self, revoked: object) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        for tp in assigned:
+            offset = self.processor.positions.get(f"{tp.topic}:{tp.partition}")
+            if offset is not None:
+                self.consumer.seek(tp, offset)

@@ -110,7 +110,11 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     processor = StreamProcessor(
-        args.bootstrap, Path(args.output_dir), Topics.for_prefix(args.topic_prefix), args.group_id
+        args.bootstrap,
+        Path(args.output_dir),
+        Topics.for_prefix(args.topic_prefix),
+        args.group_id,
+        checkpoint_every=args.checkpoint_every,
     )
 
     async def main() -> None:
@@ -165,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--http", type=_host_port, help="serve snapshots on HOST:PORT")
     st.add_argument("--topic-prefix", default="rewardstream")
     st.add_argument("--group-id", default=None, help="consumer group (default <prefix>-profiler)")
+    st.add_argument(
+        "--checkpoint-every", type=float, default=5.0, help="seconds between checkpoints (5)"
+    )
     st.set_defaults(func=_cmd_stream)
     sn = sub.add_parser("snapshot", help="fetch a partial profile from a running processor")
     sn.add_argument("--url", required=True, help="the processor's http://HOST:PORT")

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import NamedTuple
 
-import orjson
-
 from processors.pipeline import EventKind
-from processors.records import agent_of, slim_result
-from processors.state import row_key
-from rewardstream.contract import InputEvent, RolloutEvent, RunFinished, RunStarted, encode
+from producers.events import input_events, rollout_events
+from rewardstream.contract import RunFinished, RunStarted, encode
 
 GOLDEN = Path(
     os.environ.get("REWARDSTREAM_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden")
@@ -65,28 +61,21 @@ def golden_cases() -> list[GoldenCase]:
     return cases
 
 
-def golden_events(case: GoldenCase, run_id: str, finish: bool) -> list[tuple[EventKind, bytes]]:
-    """The case as wire events: inputs, rollouts, RunStarted, and RunFinished when ``finish``."""
-    inputs = (case.source / f"{case.stem}_materialized_inputs.jsonl").read_bytes().splitlines()
-    results = (case.source / f"{case.stem}.jsonl").read_bytes().splitlines()
-    out: list[tuple[EventKind, bytes]] = [
-        ("input", encode(InputEvent(run_id=run_id, line=i, row=orjson.loads(r))))
-        for i, r in enumerate(inputs)
-    ]
-    for line in results:
-        result = orjson.loads(line)
-        task, rollout = row_key(result)
-        event = RolloutEvent(
-            run_id=run_id,
-            task=task,
-            rollout=rollout,
-            agent=agent_of(result),
-            result=slim_result(result),
-            published_at=time.time(),
-        )
-        out.append(("rollout", encode(event)))
-    started = RunStarted(run_id=run_id, expected_rollouts=len(inputs), output_stem=case.stem)
+def file_events(
+    inputs: Path, rollouts: Path, run_id: str, stem: str, finish: bool
+) -> list[tuple[EventKind, bytes]]:
+    """A collection as wire events: inputs, rollouts, RunStarted, and RunFinished if ``finish``."""
+    out = [(e.kind, e.value) for e in input_events(inputs, run_id)]
+    n_inputs = len(out)
+    out += [(e.kind, e.value) for e in rollout_events(rollouts, run_id)]
+    started = RunStarted(run_id=run_id, expected_rollouts=n_inputs, output_stem=stem)
     out.append(("control", encode(started)))
     if finish:
         out.append(("control", encode(RunFinished(run_id=run_id))))
     return out
+
+
+def golden_events(case: GoldenCase, run_id: str, finish: bool) -> list[tuple[EventKind, bytes]]:
+    """A golden case as wire events (see :func:`file_events`)."""
+    inputs = case.source / f"{case.stem}_materialized_inputs.jsonl"
+    return file_events(inputs, case.source / f"{case.stem}.jsonl", run_id, case.stem, finish)
