@@ -1,5 +1,5 @@
 # The two commands of the README, and their building blocks.
-#   make demo   install, then profile a generated collection end to end
+#   make demo   install, then stream a generated collection through the embedded pipeline
 #   make test   install (Python and Debian packages, Kafka jars via Maven), lint, type-check, all tests
 PY      ?= python3
 VENV    ?= .venv
@@ -34,9 +34,13 @@ test: kafka-jars lint
 
 demo: install
 	$(BIN)/python bench/generate.py --tasks 500 --repeats 4 --out demo-output/rollouts
+	$(BIN)/rewardstream replay --inputs demo-output/rollouts_materialized_inputs.jsonl \
+	    --rollouts demo-output/rollouts.jsonl --output-dir demo-output/streamed
 	$(BIN)/ng_reward_profile +materialized_inputs_jsonl_fpath=demo-output/rollouts_materialized_inputs.jsonl \
-	    +rollouts_jsonl_fpath=demo-output/rollouts.jsonl
-	@echo "demo: profile files are in demo-output/ (streaming collection via Kafka: coming in issues 4-5)"
+	    +rollouts_jsonl_fpath=demo-output/rollouts.jsonl +quiet=true
+	@for f in reward_profiling.jsonl agent_metrics.json repeat_level_metrics.json; do \
+	    cmp demo-output/streamed/rollouts/rollouts_$$f demo-output/rollouts_$$f || exit 1; done
+	@echo "demo: streamed profile in demo-output/streamed/rollouts/ equals ng_reward_profile's, byte for byte"
 
 bench: install
 	$(BIN)/python -m bench.profile_bench

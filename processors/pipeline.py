@@ -153,6 +153,7 @@ class Pipeline:
         try:
             write_profile(tracker.profile(allow_partial=partial), paths, tracker.spill.sample)
         except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
+            tracker.error = str(exc)
             log.error("run %s: no final profile: %s", tracker.run_id, exc)
             return None
         log.info("run %s: final profile written to %s", tracker.run_id, paths.reward_profiling)

@@ -73,7 +73,8 @@ class RunTracker:
         self.state = ProfileState()
         self.started: RunStarted | None = None
         self.finished = False
-        self.done = False  # the final profile was written
+        self.done = False  # the final profile was written, or failed (see ``error``)
+        self.error: str | None = None
         self.duplicates = 0
         self._inputs: set[tuple[int, int]] = set()
         self._results: set[tuple[int, int]] = set()

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from rewardstream import kafka_local
 from rewardstream.batch import ProfileConfig, print_summary, run_profile
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
+from rewardstream.jsonl import check_input_file
 from rewardstream.overrides import parse_overrides
 from sinks.files import write_files
 
@@ -128,6 +129,20 @@ def _cmd_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from processors.inprocess import stream_files
+
+    inputs, rollouts = Path(args.inputs), Path(args.rollouts)
+    check_input_file(inputs, "--inputs")
+    check_input_file(rollouts, "--rollouts")
+    paths = stream_files(inputs, rollouts, Path(args.output_dir), args.run_id or rollouts.stem)
+    print("\n".join(f"{label}: {path}" for label, path in zip(_OUTPUT_LABELS, paths, strict=True)))
+    return 0
+
+
+_OUTPUT_LABELS = ("Reward profiling outputs", "Agent-level metrics", "Repeat-level metrics")
+
+
 def _cmd_snapshot(args: argparse.Namespace) -> int:
     url = f"{args.url.rstrip('/')}/runs/{urllib.parse.quote(args.run_id, safe='')}/snapshot"
     try:
@@ -173,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-every", type=float, default=5.0, help="seconds between checkpoints (5)"
     )
     st.set_defaults(func=_cmd_stream)
+    rp = sub.add_parser(
+        "replay", help="stream a collection's files through the in-process pipeline"
+    )
+    rp.add_argument("--inputs", required=True, help="the *_materialized_inputs.jsonl file")
+    rp.add_argument("--rollouts", required=True, help="the rollouts .jsonl file")
+    rp.add_argument("--output-dir", required=True, help="the profile goes to DIR/<run_id>/")
+    rp.add_argument("--run-id", default=None, help="default: the rollouts file's stem")
+    rp.set_defaults(func=_cmd_replay)
     sn = sub.add_parser("snapshot", help="fetch a partial profile from a running processor")
     sn.add_argument("--url", required=True, help="the processor's http://HOST:PORT")
     sn.add_argument("--run-id", required=True)

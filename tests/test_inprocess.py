@@ -1,0 +1,49 @@
+"""``rewardstream replay``: the embedded pipeline writes the batch profiler's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rewardstream.cli import main
+from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases
+
+# Streaming finishes incomplete runs with the partial rule, so strict-mode error cases are
+# compared with their allow_partial expectation; duplicates are dropped, extras stay an error.
+CASES = (
+    [c for c in golden_cases() if not c.name.endswith("+allow_partial")] if GOLDEN.exists() else []
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_replay_equals_batch(
+    case: GoldenCase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inputs, rollouts = case.copy_inputs(tmp_path)
+    out = tmp_path / "out"
+    argv = [
+        "replay",
+        "--inputs",
+        str(inputs),
+        "--rollouts",
+        str(rollouts),
+        "--output-dir",
+        str(out),
+    ]
+    expected = case.expected
+    if case.name == "duplicate_result":  # streaming drops the redelivered result
+        assert main(argv) == 0
+        profile = (out / case.stem / f"{case.stem}{OUTPUT_SUFFIXES[0]}").read_bytes()
+        assert b'"num_rollouts":2,' in profile
+        return
+    if case.name == "extra_row":  # a result without an input row stays an error
+        assert main(argv) == 2
+        assert "extra rollout rows" in capsys.readouterr().err
+        return
+    if (expected / "error.txt").exists():
+        expected = expected / "allow_partial"
+    assert main(argv) == 0
+    for suffix in OUTPUT_SUFFIXES:
+        name = f"{case.stem}{suffix}"
+        assert (out / case.stem / name).read_bytes() == (expected / name).read_bytes(), name
