@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from processors.records import ResultRecord, extract_result
-from processors.welford import RunningStats
+from processors.welford import Moments, RunningStats
 from rewardstream.errors import InvalidRow
 
 __all__ = ["ProfileState", "row_key"]
@@ -69,7 +69,10 @@ class ProfileState:
         self.info_end = array("q")
         self.schemas: list[tuple[tuple[str, ...], tuple[bool, ...]]] = []
         self._schema_ids: dict[tuple[tuple[str, ...], tuple[bool, ...]], int] = {}
-        self.live: dict[str, RunningStats] = {}
+        self.res_agent = array("i")  # live-stats agent hint per result (name id, -1: none)
+        self._live: dict[str, RunningStats] = {}
+        self._folded = 0  # results [0, _folded) are in _live
+        self._folded_pool = 0  # their values' length in the pool
 
     # -- ingestion ------------------------------------------------------------------------
     def _name_id(self, name: str | None) -> int:
@@ -111,19 +114,20 @@ class ProfileState:
         self.res_rollout.append(rollout)
         self.res_schema.append(schema)
         self.res_masked.append(record.masked)
+        self.res_agent.append(self._name_id(agent))
         self.pool.extend(record.values)
         self.info_pool += record.info
         self.info_end.append(len(self.info_pool))
-        if agent is not None and not record.masked:
-            stats = self.live.get(agent)
-            if stats is None:
-                stats = self.live[agent] = RunningStats()
-            stats.update(zip(record.names, record.values, strict=True))
 
     def merge(self, other: ProfileState) -> None:
         """Fold another state (e.g. another shard's) into this one."""
         remap = np.array([self._name_id(n) for n in other.names] + [_NO_NAME], dtype=np.int32)
-        for mine, theirs in ((self.in_agent, other.in_agent), (self.in_server, other.in_server)):
+        pairs = (
+            (self.in_agent, other.in_agent),
+            (self.in_server, other.in_server),
+            (self.res_agent, other.res_agent),
+        )
+        for mine, theirs in pairs:
             mine.extend(array("i", remap[np.frombuffer(theirs, dtype=np.int32)].tobytes()))
         self.in_task.extend(other.in_task)
         self.in_rollout.extend(other.in_rollout)
@@ -145,8 +149,41 @@ class ProfileState:
         self.info_pool += other.info_pool
         shifted = np.frombuffer(other.info_end, np.int64) + info_base
         self.info_end.extend(array("q", shifted.tobytes()))
-        for agent, stats in other.live.items():
-            self.live.setdefault(agent, RunningStats()).merge(stats)
+        # live stats are not merged: the merged results are folded from their values instead
+
+    def live(self) -> dict[str, RunningStats]:
+        """Per-agent running moments of every numeric column over the unmasked results.
+
+        Results are folded in lazily, a batch at a time (two-pass moments per batch, merged
+        with Chan's formula), so ingestion pays nothing per value and a read costs only the
+        results that arrived since the previous read.
+        """
+        lo, hi = self._folded, self.num_results
+        if lo == hi:
+            return self._live
+        schema = np.frombuffer(self.res_schema, np.int32)[lo:hi].copy()
+        agent = np.frombuffer(self.res_agent, np.int32)[lo:hi].copy()
+        keep = (np.frombuffer(self.res_masked, np.int8)[lo:hi] == 0) & (agent >= 0)
+        widths = np.array([len(names) for names, _ in self.schemas], dtype=np.int64)[schema]
+        starts = self._folded_pool + np.cumsum(widths) - widths
+        pool = np.frombuffer(self.pool, np.float64)[
+            self._folded_pool : self._folded_pool + int(widths.sum())
+        ].copy()
+        pool_base = self._folded_pool
+        self._folded, self._folded_pool = hi, self._folded_pool + int(widths.sum())
+        for ag, sc in {(int(a), int(c)) for a, c in zip(agent[keep], schema[keep], strict=True)}:
+            rows = np.flatnonzero(keep & (agent == ag) & (schema == sc))
+            names = self.schemas[sc][0]
+            values = pool[(starts[rows] - pool_base)[:, None] + np.arange(len(names))]
+            stats = self._live.setdefault(self.names[ag], RunningStats())
+            stats.rollouts += len(rows)
+            for j, name in enumerate(names):
+                moments = stats.columns.setdefault(name, Moments())
+                if len(rows) == 1:  # Welford's update: the common case at low traffic
+                    moments.update(float(values[0, j]))
+                else:
+                    moments.merge(Moments.of(values[:, j]))
+        return self._live
 
     def copy(self) -> ProfileState:
         """An independent copy (a snapshot can be built from it while ingestion goes on)."""

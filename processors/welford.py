@@ -9,7 +9,6 @@ kept values by :mod:`processors.kernels`; the two agree to ~1e-12 relative (prop
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,16 +75,3 @@ class RunningStats:
 
     rollouts: int = 0
     columns: dict[str, Moments] = field(default_factory=dict)
-
-    def update(self, items: Iterable[tuple[str, float]]) -> None:
-        self.rollouts += 1
-        for name, value in items:
-            moments = self.columns.get(name)
-            if moments is None:
-                moments = self.columns[name] = Moments()
-            moments.update(value)
-
-    def merge(self, other: RunningStats) -> None:
-        self.rollouts += other.rollouts
-        for name, moments in other.columns.items():
-            self.columns.setdefault(name, Moments()).merge(moments)

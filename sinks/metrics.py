@@ -51,7 +51,7 @@ class _LiveCollector(Collector):
             labels=["run_id"],
         )
         for run_id, tracker in self._runs().items():
-            for agent, live in tracker.state.live.items():
+            for agent, live in tracker.state.live().items():
                 reward = live.columns.get("reward")
                 if reward is None or reward.count == 0:
                     continue

@@ -146,6 +146,6 @@ def test_live_stats_follow_agent_hint() -> None:
     state.add_result(
         {"reward": 1.0, "mask_sample": True, "_ng_task_index": 1, "_ng_rollout_index": 0}, agent="a"
     )
-    live: RunningStats = state.live["a"]
+    live: RunningStats = state.live()["a"]
     assert live.rollouts == 2
     assert live.columns["reward"].mean == 0.5
