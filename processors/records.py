@@ -121,7 +121,10 @@ def slim_result(result: dict[str, Any]) -> dict[str, Any]:
             slim[key] = bool(raw)
         elif key == "response":
             usage = _usage(result)
-            slim[key] = {"usage": {k: _scalar(v) for k, v in usage.items()}} if usage else None
+            if usage:
+                slim[key] = {"usage": {k: _scalar(v) for k, v in usage.items()}}
+            else:  # a falsy number (0, false) here is itself a numeric column
+                slim[key] = None if isinstance(raw, dict) else _scalar(raw)
         else:
             slim[key] = _scalar(raw)
     return slim
