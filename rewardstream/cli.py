@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from producers import cli as publish_cli
 from rewardstream import kafka_local
 from rewardstream.batch import ProfileConfig, print_summary, run_profile
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
@@ -201,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     sn.add_argument("--run-id", required=True)
     sn.add_argument("--out", required=True, help="folder for the three profile files")
     sn.set_defaults(func=_cmd_snapshot)
+    publish_cli.add_parser(sub)
     kafka_local.add_parser(sub)
     return parser
 

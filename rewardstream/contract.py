@@ -30,6 +30,8 @@ __all__ = [
     "decode_input",
     "decode_rollout",
     "encode",
+    "encode_input",
+    "encode_rollout",
     "task_key",
 ]
 
@@ -103,6 +105,39 @@ _CONTROL: TypeAdapter[RunStarted | RunFinished] = TypeAdapter(ControlEvent)
 def encode(event: _Event) -> bytes:
     """Compact JSON bytes of an event."""
     return orjson.dumps(event.model_dump())
+
+
+# The two hot-path encoders: the same bytes as ``encode(InputEvent(...))`` and
+# ``encode(RolloutEvent(...))`` (tests/test_contract.py), without building a model per event,
+# which costs more than parsing the line. Callers validate ``run_id`` once with the models.
+
+
+def encode_input(run_id: str, line: int, row: dict[str, Any]) -> bytes:
+    return orjson.dumps(
+        {"v": SCHEMA_VERSION, "run_id": run_id, "type": "input", "line": line, "row": row}
+    )
+
+
+def encode_rollout(
+    run_id: str,
+    task: int,
+    rollout: int,
+    agent: str | None,
+    result: dict[str, Any],
+    published_at: float,
+) -> bytes:
+    return orjson.dumps(
+        {
+            "v": SCHEMA_VERSION,
+            "run_id": run_id,
+            "type": "rollout",
+            "task": task,
+            "rollout": rollout,
+            "agent": agent,
+            "result": result,
+            "published_at": published_at,
+        }
+    )
 
 
 # Decoding parses with orjson (not pydantic's parser) so numbers follow the batch reader's rules

@@ -1,0 +1,74 @@
+"""``rewardstream publish``: the command-line face of :func:`producers.publish.publish_files`.
+
+Only :func:`add_parser` is public; the main CLI wires it in and turns a
+:class:`~rewardstream.errors.RewardstreamError` into one line and exit code 2, so errors are
+left to propagate here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+from producers.publish import PublishReport, publish_files
+from rewardstream.contract import Topics
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``publish`` to a ``rewardstream``-style subcommand set."""
+    p = subparsers.add_parser(
+        "publish", help="publish a collection's inputs and rollouts files to Kafka"
+    )
+    p.add_argument("--inputs", required=True, type=Path, help="the *_materialized_inputs.jsonl")
+    p.add_argument("--rollouts", required=True, type=Path, help="the rollouts .jsonl file")
+    p.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
+    p.add_argument(
+        "--run-id", help="default: <rollouts stem>-<hash of its path>, stable across republishes"
+    )
+    p.add_argument("--topic-prefix", default="rewardstream")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep tailing the rollouts file while a collection appends to it",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="with --follow: finish the run after S seconds without a new line (default 30)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_publish)
+
+
+def _cmd_publish(args: argparse.Namespace) -> int:
+    report = asyncio.run(_publish(args))
+    print(
+        f"published run_id={report.run_id} inputs={report.inputs_sent} "
+        f"rollouts={report.rollouts_sent} in {report.seconds:.2f}s"
+    )
+    return 0
+
+
+async def _publish(args: argparse.Namespace) -> PublishReport:
+    stop = asyncio.Event()
+    if args.follow:  # a graceful stop still publishes RunFinished; without --follow, Ctrl-C aborts
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    return await publish_files(
+        args.inputs,
+        args.rollouts,
+        args.bootstrap,
+        run_id=args.run_id,
+        topics=Topics.for_prefix(args.topic_prefix),
+        follow=args.follow,
+        idle_timeout=args.idle_timeout,
+        stop=stop,
+        progress=not args.quiet,
+    )

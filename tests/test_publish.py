@@ -1,0 +1,532 @@
+"""``rewardstream publish``: the events it sends to a real broker, its errors, and follow mode.
+
+Kafka tests get their own topic prefix (``unique_name``) and create the topics up front, so
+reading back never races auto-creation; data topics get 3 partitions to exercise partitioning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.partitioner import DefaultPartitioner
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import producers.cli
+from processors.records import extract_result, slim_result
+from processors.state import row_key
+from producers.publish import PublishReport, default_run_id, publish_files
+from rewardstream.batch import load_state
+from rewardstream.contract import (
+    InputEvent,
+    RolloutEvent,
+    RunFinished,
+    RunStarted,
+    Topics,
+    decode_control,
+    decode_input,
+    decode_rollout,
+    encode,
+    encode_rollout,
+    task_key,
+)
+from rewardstream.errors import InputError, InvalidRow, LineError
+from rewardstream.kafka_local import free_port
+from tests.golden import GOLDEN
+
+UniqueName = Callable[[str], str]
+BLACKJACK = GOLDEN / "blackjack" / "upstream"
+needs_golden = pytest.mark.skipif(not BLACKJACK.exists(), reason="no goldens")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+async def make_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
+    """Data topics with ``partitions`` partitions, control with one (its order matters)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [
+                NewTopic(topics.inputs, num_partitions=partitions, replication_factor=1),
+                NewTopic(topics.rollouts, num_partitions=partitions, replication_factor=1),
+                NewTopic(topics.control, num_partitions=1, replication_factor=1),
+            ]
+        )
+    finally:
+        await admin.close()
+
+
+async def read_all(
+    bootstrap: str, topic: str, partitions: int, timeout: float = 30.0
+) -> list[ConsumerRecord]:
+    """Every record up to each partition's current end, partition by partition."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        records: list[ConsumerRecord] = []
+        deadline = time.monotonic() + timeout
+        for tp in tps:
+            while await consumer.position(tp) < ends[tp]:
+                assert time.monotonic() < deadline, f"stuck reading {tp}"
+                for batch in (await consumer.getmany(tp, timeout_ms=500)).values():
+                    records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()
+
+
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """Where the Java client (and ``AIOKafkaProducer.send``) would put ``key``."""
+    every = list(range(partitions))
+    return int(DefaultPartitioner()(key, every, every))
+
+
+# --------------------------------------------------------------------------- against a broker
+
+
+@needs_golden
+@pytest.mark.kafka
+async def test_golden_blackjack_round_trip(
+    kafka_bootstrap: str, unique_name: UniqueName, tmp_path: Path
+) -> None:
+    inputs = BLACKJACK / "example_rollouts_materialized_inputs.jsonl"
+    rollouts = BLACKJACK / "example_rollouts.jsonl"
+    topics = Topics.for_prefix(unique_name("pub"))
+    await make_topics(kafka_bootstrap, topics, partitions=3)
+
+    report = await publish_files(inputs, rollouts, kafka_bootstrap, topics=topics)
+
+    digest = hashlib.sha1(str(rollouts.resolve()).encode()).hexdigest()[:8]
+    run_id = f"example_rollouts-{digest}"
+    assert report.run_id == run_id == default_run_id(rollouts)
+    assert (report.inputs_sent, report.rollouts_sent) == (5, 5)
+    assert report.seconds > 0
+
+    input_records = await read_all(kafka_bootstrap, topics.inputs, 3)
+    rollout_records = await read_all(kafka_bootstrap, topics.rollouts, 3)
+    control_records = await read_all(kafka_bootstrap, topics.control, 1)
+
+    rows = rows_of(inputs)
+    got_inputs = sorted(((decode_input(r.value), r) for r in input_records), key=_line)
+    assert [e for e, _ in got_inputs] == [
+        InputEvent(run_id=run_id, line=i, row=row) for i, row in enumerate(rows)
+    ]
+    for row_event, record in got_inputs:
+        assert record.key == task_key(row_event.row["_ng_task_index"])
+        assert record.partition == key_partition(record.key, 3)
+        assert encode(row_event) == record.value  # the fast encoder writes the canonical bytes
+
+    originals = {row_key(r): r for r in rows_of(rollouts)}
+    assert len(rollout_records) == len(originals) == 5
+    for record in rollout_records:
+        event = decode_rollout(record.value)
+        original = originals.pop((event.task, event.rollout))
+        assert record.key == task_key(event.task)
+        assert record.partition == key_partition(record.key, 3)
+        assert event.run_id == run_id
+        assert event.agent == original["agent_ref"]["name"] == "blackjack_gymnasium_agent"
+        assert event.result == slim_result(original)
+        assert extract_result(event.result, event.task, event.rollout) == extract_result(
+            original, event.task, event.rollout
+        )
+        assert abs(event.published_at - time.time()) < 120
+        assert encode(event) == record.value
+    assert not originals
+
+    assert [r.key for r in control_records] == [run_id.encode()] * 2
+    assert [decode_control(r.value) for r in control_records] == [
+        RunStarted(run_id=run_id, expected_rollouts=5, output_stem="example_rollouts"),
+        RunFinished(run_id=run_id),
+    ]
+
+
+def _line(pair: tuple[InputEvent, ConsumerRecord]) -> int:
+    return pair[0].line
+
+
+@needs_golden
+@pytest.mark.kafka
+@pytest.mark.parametrize(
+    ("bad_line", "malformed"),
+    [
+        (b"{bad", True),
+        (b'{"_ng_task_index": 1, "_ng_rollout_index": 0, "response": "text"}', False),
+        (b'{"_ng_task_index": "1", "_ng_rollout_index": 0}', False),
+    ],
+    ids=["malformed-json", "bad-response", "bad-task-index"],
+)
+async def test_bad_line_fails_like_the_batch_reader(
+    kafka_bootstrap: str,
+    unique_name: UniqueName,
+    tmp_path: Path,
+    bad_line: bytes,
+    malformed: bool,
+) -> None:
+    inputs = tmp_path / "rollouts_materialized_inputs.jsonl"
+    rollouts = tmp_path / "rollouts.jsonl"
+    shutil.copy(BLACKJACK / "example_rollouts_materialized_inputs.jsonl", inputs)
+    lines = (BLACKJACK / "example_rollouts.jsonl").read_bytes().splitlines(keepends=True)
+    lines[2] = bad_line + b"\n"
+    rollouts.write_bytes(b"".join(lines))
+    topics = Topics.for_prefix(unique_name("bad"))
+    await make_topics(kafka_bootstrap, topics, partitions=1)
+
+    with pytest.raises(LineError) as published:
+        await publish_files(inputs, rollouts, kafka_bootstrap, topics=topics)
+    with pytest.raises(LineError) as batch:
+        load_state(inputs, rollouts)
+    assert published.value.lineno == 3
+    assert published.value.malformed is malformed
+    assert str(published.value) == str(batch.value)
+
+    # lines 1-2 went out before line 3 failed; the run was started but never finished
+    sent = [decode_rollout(r.value) for r in await read_all(kafka_bootstrap, topics.rollouts, 1)]
+    assert [(e.task, e.rollout) for e in sent] == [(0, 0), (0, 1)]
+    control = [decode_control(r.value) for r in await read_all(kafka_bootstrap, topics.control, 1)]
+    assert [type(e) for e in control] == [RunStarted]
+
+
+class LiveReader:
+    """Rollout events of one single-partition topic as they arrive."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self.consumer = consumer
+        self.events: list[RolloutEvent] = []
+
+    async def until(self, count: int, timeout: float = 20.0) -> list[tuple[int, int]]:
+        deadline = time.monotonic() + timeout
+        while len(self.events) < count:
+            assert time.monotonic() < deadline, f"got {len(self.events)} of {count} events"
+            for batch in (await self.consumer.getmany(timeout_ms=200)).values():
+                self.events.extend(decode_rollout(r.value) for r in batch)
+        return [(e.task, e.rollout) for e in self.events]
+
+    async def settle(self, seconds: float) -> int:
+        """How many events have arrived after ``seconds`` more of reading."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for batch in (await self.consumer.getmany(timeout_ms=100)).values():
+                self.events.extend(decode_rollout(r.value) for r in batch)
+        return len(self.events)
+
+
+@pytest.fixture
+async def live_topics(
+    kafka_bootstrap: str, unique_name: UniqueName
+) -> AsyncIterator[tuple[Topics, LiveReader]]:
+    topics = Topics.for_prefix(unique_name("follow"))
+    await make_topics(kafka_bootstrap, topics, partitions=1)
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topics.rollouts, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        yield topics, LiveReader(consumer)
+    finally:
+        await consumer.stop()
+
+
+def line(task: int, rollout: int) -> bytes:
+    row = {"reward": task + rollout / 10, "agent_ref": {"name": "a"}}
+    return orjson.dumps(row | {"_ng_task_index": task, "_ng_rollout_index": rollout}) + b"\n"
+
+
+def append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as fh:
+        fh.write(data)
+
+
+@pytest.mark.kafka
+async def test_follow_tails_complete_lines_through_truncation_and_rotation(
+    kafka_bootstrap: str, live_topics: tuple[Topics, LiveReader], tmp_path: Path
+) -> None:
+    topics, reader = live_topics
+    inputs = tmp_path / "live_materialized_inputs.jsonl"
+    rollouts = tmp_path / "live.jsonl"
+    inputs.write_bytes(
+        b"".join(
+            orjson.dumps({"_ng_task_index": t, "_ng_rollout_index": r}) + b"\n"
+            for t in range(3)
+            for r in range(2)
+        )
+    )
+    rollouts.write_bytes(line(0, 0) + line(0, 1))
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        publish_files(
+            inputs, rollouts, kafka_bootstrap, topics=topics, follow=True, stop=stop, run_id="live"
+        )
+    )
+    try:
+        assert await reader.until(2) == [(0, 0), (0, 1)]
+        append(rollouts, line(1, 0) + line(1, 1))
+        assert (await reader.until(4))[2:] == [(1, 0), (1, 1)]
+
+        half = len(line(2, 0)) // 2
+        append(rollouts, line(2, 0)[:half])
+        assert await reader.settle(1.0) == 4  # several polls: the half line waits
+        assert not task.done()  # (had it been parsed, it would have failed as malformed JSON)
+        append(rollouts, line(2, 0)[half:])
+        assert (await reader.until(5))[4:] == [(2, 0)]
+
+        rollouts.write_bytes(line(2, 1))  # truncated to fewer bytes: read again from the start
+        assert (await reader.until(6))[5:] == [(2, 1)]
+        append(rollouts, line(0, 0))
+        assert (await reader.until(7))[6:] == [(0, 0)]  # a duplicate: the processor dedupes
+
+        os.replace(rollouts, tmp_path / "live.jsonl.1")  # rotated: the new file from its start
+        rollouts.write_bytes(line(1, 0) * 3 + line(2, 0)[:half])
+        assert (await reader.until(10))[7:] == [(1, 0)] * 3
+        assert await reader.settle(0.6) == 10
+    finally:
+        stop.set()
+        report = await asyncio.wait_for(task, 30)
+
+    assert report == PublishReport("live", 6, 10, report.seconds)
+    control = [decode_control(r.value) for r in await read_all(kafka_bootstrap, topics.control, 1)]
+    assert control == [
+        RunStarted(run_id="live", expected_rollouts=6, output_stem="live"),
+        RunFinished(run_id="live"),
+    ]
+
+
+@pytest.mark.kafka
+async def test_follow_finishes_after_idle_timeout(
+    kafka_bootstrap: str, live_topics: tuple[Topics, LiveReader], tmp_path: Path
+) -> None:
+    topics, reader = live_topics
+    inputs = tmp_path / "idle_materialized_inputs.jsonl"
+    rollouts = tmp_path / "idle.jsonl"
+    inputs.write_bytes(orjson.dumps({"_ng_task_index": 0, "_ng_rollout_index": 0}) + b"\n")
+    rollouts.write_bytes(line(0, 0))
+    began = time.monotonic()
+    report = await publish_files(
+        inputs, rollouts, kafka_bootstrap, topics=topics, follow=True, idle_timeout=1.0
+    )
+    assert 1.0 <= time.monotonic() - began < 10
+    assert (report.inputs_sent, report.rollouts_sent) == (1, 1)
+    assert await reader.until(1) == [(0, 0)]
+    control = [decode_control(r.value) for r in await read_all(kafka_bootstrap, topics.control, 1)]
+    assert [type(e) for e in control] == [RunStarted, RunFinished]
+
+
+@needs_golden
+@pytest.mark.kafka
+def test_cli_publish(
+    kafka_bootstrap: str, unique_name: UniqueName, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="rewardstream")
+    producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    prefix = unique_name("cli")
+    args = parser.parse_args(
+        [
+            "publish",
+            "--inputs",
+            str(BLACKJACK / "example_rollouts_materialized_inputs.jsonl"),
+            "--rollouts",
+            str(BLACKJACK / "example_rollouts.jsonl"),
+            "--bootstrap",
+            kafka_bootstrap,
+            "--topic-prefix",
+            prefix,
+            "--run-id",
+            "cli-run",
+            "--quiet",
+        ]
+    )
+    assert args.func(args) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("published run_id=cli-run inputs=5 rollouts=5 in ")
+    assert out.endswith("s") and "\n" not in out
+    control = asyncio.run(read_all(kafka_bootstrap, f"{prefix}.control", 1))
+    assert [type(decode_control(r.value)) for r in control] == [RunStarted, RunFinished]
+
+
+CLI_MAIN = """
+import argparse, sys
+import producers.cli
+parser = argparse.ArgumentParser(prog="rewardstream")
+producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+args = parser.parse_args(sys.argv[1:])
+sys.exit(args.func(args))
+"""
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_cli_follow_stops_gracefully_on_signal(
+    kafka_bootstrap: str,
+    live_topics: tuple[Topics, LiveReader],
+    tmp_path: Path,
+    sig: signal.Signals,
+) -> None:
+    topics, reader = live_topics
+    inputs, rollouts = _two_files(tmp_path, "sig")
+    prefix = topics.inputs.removesuffix(".inputs")
+    argv = f"publish --inputs {inputs} --rollouts {rollouts} --bootstrap {kafka_bootstrap}"
+    argv += f" --topic-prefix {prefix} --run-id sig --follow --quiet"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CLI_MAIN,
+        *argv.split(),
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await reader.until(1)  # it is following now
+        append(rollouts, line(0, 1))
+        await reader.until(2)
+        proc.send_signal(sig)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().startswith("published run_id=sig inputs=1 rollouts=2 in ")
+    control = [decode_control(r.value) for r in await read_all(kafka_bootstrap, topics.control, 1)]
+    assert [type(e) for e in control] == [RunStarted, RunFinished]
+
+
+# --------------------------------------------------------------------------- without a broker
+
+
+def test_cli_errors_propagate(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser(prog="rewardstream")
+    producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    missing, rollouts = tmp_path / "missing.jsonl", tmp_path / "r.jsonl"
+    argv = f"publish --inputs {missing} --rollouts {rollouts} --bootstrap 127.0.0.1:1"
+    args = parser.parse_args(argv.split())
+    with pytest.raises(InputError, match=r"Input file not found: .*missing\.jsonl' \(--inputs\)"):
+        args.func(args)
+
+
+def _two_files(tmp_path: Path, stem: str) -> tuple[Path, Path]:
+    inputs, rollouts = tmp_path / f"{stem}_materialized_inputs.jsonl", tmp_path / f"{stem}.jsonl"
+    inputs.write_bytes(orjson.dumps({"_ng_task_index": 0, "_ng_rollout_index": 0}) + b"\n")
+    rollouts.write_bytes(line(0, 0))
+    return inputs, rollouts
+
+
+@pytest.mark.parametrize(
+    ("stem", "run_id", "message"),
+    [
+        ("ok", "", "invalid run id ''"),
+        ("ok", "x" * 201, "invalid run id"),
+        ("with space", None, "invalid rollouts file stem 'with space'"),
+    ],
+)
+async def test_bad_run_id_or_stem_fails_before_connecting(
+    tmp_path: Path, stem: str, run_id: str | None, message: str
+) -> None:
+    inputs, rollouts = _two_files(tmp_path, stem)
+    with pytest.raises(InputError, match=message):
+        await publish_files(inputs, rollouts, "127.0.0.1:1", run_id=run_id)
+
+
+async def test_unreachable_broker_is_an_input_error(tmp_path: Path) -> None:
+    inputs, rollouts = _two_files(tmp_path, "r")
+    with pytest.raises(InputError, match=r"cannot reach Kafka at 127\.0\.0\.1:\d+"):
+        await publish_files(inputs, rollouts, f"127.0.0.1:{free_port()}")
+
+
+# --------------------------------------------------------------------------- slim results
+
+_KEYS = st.one_of(
+    st.sampled_from(
+        ["reward", "mask_sample", "agent_name", "agent_ref", "input_tokens", "total_tokens", "x"]
+    ),
+    st.text(max_size=6),
+    st.text(max_size=5).map(lambda s: "_" + s),
+)
+_INTS = st.integers(-(2**63), 2**64 - 1)  # what orjson parses as an int
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False)  # orjson rejects the others
+_SCALARS = st.one_of(st.none(), st.booleans(), _INTS, _FLOATS, st.text())
+_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_USAGE = st.dictionaries(_KEYS, st.one_of(_INTS, _FLOATS, st.booleans(), st.none(), _JSON))
+
+
+@st.composite
+def results(draw: st.DrawFn) -> dict[str, Any]:
+    """Result rows whose response/usage collide with top-level keys, in random key order."""
+    items = draw(st.lists(st.tuples(_KEYS, _JSON), max_size=8))
+    if draw(st.booleans()):
+        items.append(("mask_sample", draw(_JSON)))
+    if draw(st.booleans()):
+        items.append(("reward", draw(_JSON)))
+    response = draw(
+        st.one_of(
+            st.none(),
+            st.sampled_from([{}, [], "", 0, 0.0, False]),  # falsy: no usage; numbers: a column
+            st.fixed_dictionaries(
+                {"id": st.text(max_size=3)},
+                optional={"usage": st.one_of(st.none(), st.just({}), _USAGE)},
+            ),
+        )
+    )
+    items.insert(draw(st.integers(0, len(items))), ("response", response))
+    return dict(items)
+
+
+@settings(max_examples=400, deadline=None)
+@given(results(), st.integers(0, 2**40), st.integers(0, 64))
+@example({"reward": 1.0, "response": 0}, 0, 0)  # a falsy numeric response is a column
+@example({"response": False, "total_tokens": 3}, 0, 0)
+def test_slim_result_extracts_like_the_full_row(
+    result: dict[str, Any], task: int, rollout: int
+) -> None:
+    slim = orjson.loads(orjson.dumps(slim_result(result)))
+    assert extract_result(slim, task, rollout) == extract_result(result, task, rollout)
+    # and the publisher's direct encoding is the contract's encoding of the same event
+    raw = encode_rollout("run", task, rollout, "agent", slim, 1.5)
+    event = RolloutEvent(
+        run_id="run", task=task, rollout=rollout, agent="agent", result=slim, published_at=1.5
+    )
+    assert raw == encode(event)
+    assert decode_rollout(raw) == event
+
+
+@settings(max_examples=100, deadline=None)
+@given(results(), st.sampled_from([[1], "text", 3, True, {"usage": [1]}, {"usage": "x"}]))
+def test_invalid_response_fails_slim_and_extract_alike(
+    result: dict[str, Any], response: Any
+) -> None:
+    result["response"] = response
+    with pytest.raises(InvalidRow) as full:
+        extract_result(result, 0, 0)
+    with pytest.raises(InvalidRow) as slim:
+        slim_result(result)
+    assert str(full.value) == str(slim.value)
