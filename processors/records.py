@@ -99,7 +99,11 @@ def extract_result(result: dict[str, Any], task: int, rollout: int) -> ResultRec
             if skip_private and (key[:1] == "_" or key == "reward" or key == "response"):
                 continue
             info[key] = raw
-    return ResultRecord(tuple(names), tuple(is_int), tuple(values), orjson.dumps(info), masked)
+    try:
+        encoded = orjson.dumps(info)
+    except orjson.JSONEncodeError as exc:  # e.g. a reward nested deeper than orjson writes
+        raise InvalidRow(f"field 'reward' cannot be written back as JSON: {exc}") from None
+    return ResultRecord(tuple(names), tuple(is_int), tuple(values), encoded, masked)
 
 
 def slim_result(result: dict[str, Any]) -> dict[str, Any]:

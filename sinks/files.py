@@ -61,7 +61,12 @@ class InputsFile:
         row = orjson.loads(self._fh.readline())
         row.pop("_ng_task_index", None)
         row.pop("_ng_rollout_index", None)
-        return orjson.dumps(row)
+        try:
+            return orjson.dumps(row)
+        except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
+            raise InputError(
+                f"{self.path}: a sample row cannot be written back as JSON: {exc}"
+            ) from None
 
     def close(self) -> None:
         self._fh.close()

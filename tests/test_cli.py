@@ -56,6 +56,14 @@ def run(inputs: Path, rollouts: Path, *extra: str) -> int:
             "ValueError: Rollout results contain rows with no matching materialized input rows",
         ),
         (
+            b'{"reward":'
+            + b"[" * 300
+            + b"1"
+            + b"]" * 300
+            + b',"_ng_task_index":0,"_ng_rollout_index":0}\n',
+            "{p} line 1: field 'reward' cannot be written back as JSON",
+        ),
+        (
             b'{"response":"oops","_ng_task_index":0,"_ng_rollout_index":0}\n',
             "{p} line 1: field 'response' must be an object or null",
         ),
@@ -170,3 +178,14 @@ def test_console_script_exit_code(files: tuple[Path, Path]) -> None:
 def test_overrides_are_typed_like_hydra() -> None:
     got = parse_overrides(["+a=1", "++b=True", "c=0.5", "+d=[x, 'y z']", "+e.f=null", "+g=hello"])
     assert got == {"a": 1, "b": True, "c": 0.5, "d": ["x", "y z"], "e": {"f": None}, "g": "hello"}
+
+
+def test_row_too_deep_to_write_back_is_a_clear_error(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    inputs, rollouts = files
+    deep = b"[" * 300 + b"1" + b"]" * 300
+    inputs.write_bytes(ROW.replace(b'"q":"x"', b'"q":' + deep))
+    assert run(inputs, rollouts) == 2
+    assert "a sample row cannot be written back as JSON" in capsys.readouterr().err
+    assert sorted(p.name for p in inputs.parent.iterdir()) == sorted([inputs.name, rollouts.name])
