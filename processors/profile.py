@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from processors.kernels import GroupStats, describe_groups, summarize_present
+from processors.kernels import GroupStats, Summary, describe_groups, summarize_present
 from processors.state import ProfileState
 from rewardstream.errors import ProfileError
 
@@ -301,6 +301,29 @@ def _stat_dicts(stats: GroupStats, columns: list[str], all_int: bool) -> Iterato
         yield row
 
 
+# (key label, Summary field) in output order; the two places name and order them differently
+_REPEAT_KEYS = (
+    *(("mean", "mean"), ("median", "median"), ("std", "std"), ("sem", "se")),
+    *(("min", "min"), ("max", "max"), ("p25", "p25"), ("p75", "p75")),
+)
+_ACROSS_KEYS = (
+    ("mean", "mean"),
+    ("median", "median"),
+    ("std", "std"),
+    ("min", "min"),
+    ("max", "max"),
+    ("se", "se"),
+)
+
+
+def _summary_keys(s: Summary, keys: tuple[tuple[str, str], ...], suffix: str) -> dict[str, Any]:
+    """``<label><suffix>`` -> value for each key, then the CI bounds when there is one."""
+    out = {label + suffix: getattr(s, field) for label, field in keys}
+    if s.ci is not None:
+        out["ci_low_95" + suffix], out["ci_high_95" + suffix] = s.ci
+    return out
+
+
 def _repeat_entries(
     label: str, rollouts: I64, tasks: I64, values: npt.NDArray[np.float64], columns: list[str]
 ) -> list[dict[str, Any]]:
@@ -319,19 +342,7 @@ def _repeat_entries(
             s = summarize_present(values[rows, c])
             if s is None:
                 continue
-            name = columns[c]
-            entry |= {
-                f"mean/{name}": s.mean,
-                f"median/{name}": s.median,
-                f"std/{name}": s.std,
-                f"sem/{name}": s.se,
-                f"min/{name}": s.min,
-                f"max/{name}": s.max,
-                f"p25/{name}": s.p25,
-                f"p75/{name}": s.p75,
-            }
-            if s.ci is not None:
-                entry[f"ci_low_95/{name}"], entry[f"ci_high_95/{name}"] = s.ci
+            entry |= _summary_keys(s, _REPEAT_KEYS, f"/{columns[c]}")
         entries.append(entry)
     return entries
 
@@ -351,16 +362,7 @@ def _across_repeats(entries: list[dict[str, Any]]) -> dict[str, Any]:
         x = np.array([e[key] for e in entries if key in e], dtype=np.float64)
         s = summarize_present(x)
         assert s is not None
-        out |= {
-            f"mean_across_repeats/{key}": s.mean,
-            f"median_across_repeats/{key}": s.median,
-            f"std_across_repeats/{key}": s.std,
-            f"min_across_repeats/{key}": s.min,
-            f"max_across_repeats/{key}": s.max,
-            f"se_across_repeats/{key}": s.se,
-        }
-        if s.ci is not None:
-            out[f"ci_low_95_across_repeats/{key}"], out[f"ci_high_95_across_repeats/{key}"] = s.ci
+        out |= _summary_keys(s, _ACROSS_KEYS, f"_across_repeats/{key}")
     return out
 
 
