@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
+from bench.measure import kafka_workspace
 from processors.stream import StreamProcessor
 from rewardstream.contract import Topics, encode_rollout, task_key
-from rewardstream.kafka_local import LocalBroker
 
 HERE = Path(__file__).resolve().parent
 
@@ -89,12 +87,12 @@ async def run_ours(bootstrap: str, topics: Topics, n: int, work: Path) -> float:
     processor = StreamProcessor(bootstrap, work / "ours", topics, checkpoint_every=1e9)
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
-    while processor.consumed == 0:
+    while processor.assigned_at is None:  # timed from the end of the group join
+        await asyncio.sleep(0.001)
+    first = processor.assigned_at
+    while (run := processor.pipeline.runs.get("run")) is None or run.rollouts < n:
         await asyncio.sleep(0.005)
-    first = time.perf_counter()
-    while processor.pipeline.runs["run"].rollouts < n:
-        await asyncio.sleep(0.005)
-    elapsed = time.perf_counter() - first
+    elapsed = time.monotonic() - first
     stop.set()
     await task
     return elapsed
@@ -105,9 +103,7 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=200_000)
     ap.add_argument("--bootstrap", default=None)
     a = ap.parse_args()
-    with contextlib.ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        bootstrap = a.bootstrap or stack.enter_context(LocalBroker()).bootstrap
+    with kafka_workspace(a.bootstrap) as (bootstrap, work):
         topics = Topics.for_prefix(f"naive-{uuid.uuid4().hex[:8]}")
         asyncio.run(prefill(bootstrap, topics.rollouts, a.rollouts))
         faust_s = run_faust(bootstrap, topics.rollouts, a.rollouts, work)

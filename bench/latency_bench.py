@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -23,9 +21,9 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.measure import kafka_workspace
 from processors.stream import StreamProcessor
 from rewardstream.contract import Topics, encode_rollout, task_key
-from rewardstream.kafka_local import LocalBroker
 
 
 def quantiles(processor: StreamProcessor, qs: tuple[float, ...]) -> dict[float, float]:
@@ -83,9 +81,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--bootstrap", default=None)
     a = ap.parse_args()
-    with contextlib.ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        bootstrap = a.bootstrap or stack.enter_context(LocalBroker()).bootstrap
+    with kafka_workspace(a.bootstrap) as (bootstrap, work):
         asyncio.run(run(bootstrap, a.rate, a.seconds, work))
 
 

@@ -6,15 +6,20 @@ core, so the summed RSS of the whole process tree is sampled from /proc as well 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, NamedTuple
 
-__all__ = ["Measured", "measure", "tree_rss_kb"]
+from rewardstream.kafka_local import LocalBroker
+
+__all__ = ["Measured", "kafka_workspace", "measure", "tree_rss_kb"]
 
 
 class Measured(NamedTuple):
@@ -84,3 +89,12 @@ def measure(cmd: list[str], cwd: Path | None = None, stdout: IO[bytes] | None = 
     return Measured(
         wall, cpu, int(rss.group(1)) / 1024 if rss else 0.0, peak / 1024, proc.returncode, err
     )
+
+
+@contextlib.contextmanager
+def kafka_workspace(bootstrap: str | None) -> Iterator[tuple[str, Path]]:
+    """A broker address (``bootstrap``, or a fresh local broker from the Maven jars, stopped
+    afterwards) and a temporary working folder, removed afterwards."""
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        yield bootstrap or stack.enter_context(LocalBroker()).bootstrap, work

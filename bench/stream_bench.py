@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -21,10 +19,10 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from bench.generate import generate
+from bench.measure import kafka_workspace
 from processors.stream import StreamProcessor
 from producers.events import input_events, rollout_events
 from rewardstream.contract import RunStarted, Topics, encode
-from rewardstream.kafka_local import LocalBroker
 
 
 async def prefill(bootstrap: str, topics: Topics, inputs: Path, rollouts: Path, run_id: str) -> int:
@@ -57,20 +55,20 @@ async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
     print(f"pre-filled {n} inputs + {n} rollouts in {fill:.1f} s (not counted)")
     processor = StreamProcessor(bootstrap, work / "out", topics, checkpoint_every=1e9)
     stop = asyncio.Event()
-    start = time.perf_counter()
+    start = time.monotonic()
     task = asyncio.create_task(processor.run(stop))
-    while processor.consumed == 0:
-        await asyncio.sleep(0.005)
-    first = time.perf_counter()
+    while processor.assigned_at is None:  # timed from the end of the group join
+        await asyncio.sleep(0.001)
+    first = processor.assigned_at
     while not ("run" in processor.pipeline.runs and processor.pipeline.runs["run"].done):
         await asyncio.sleep(0.005)
-    done = time.perf_counter()
+    done = time.monotonic()
     stop.set()
     await task
-    print(f"start to first record (group join): {first - start:.1f} s")
+    print(f"start to partition assignment (group join): {first - start:.1f} s")
     print(
-        f"processor: {n} rollouts (+{n} inputs) consumed, folded and final profile written in "
-        f"{done - first:.1f} s = {n / (done - first):,.0f} rollouts/s"
+        f"processor: {n} rollouts (+{n} inputs) consumed, folded and final profile written "
+        f"(timed from assignment) in {done - first:.1f} s = {n / (done - first):,.0f} rollouts/s"
     )
 
 
@@ -80,9 +78,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--bootstrap", default=None)
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        bootstrap = a.bootstrap or stack.enter_context(LocalBroker()).bootstrap
-        asyncio.run(measure(bootstrap, a.tasks, a.repeats, Path(tmp)))
+    with kafka_workspace(a.bootstrap) as (bootstrap, work):
+        asyncio.run(measure(bootstrap, a.tasks, a.repeats, work))
 
 
 if __name__ == "__main__":

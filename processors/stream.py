@@ -53,6 +53,7 @@ class StreamProcessor:
         }
         self.consumed = 0
         self.positions: dict[str, int] = {}  # "topic:partition" -> next offset to consume
+        self.assigned_at: float | None = None  # time.monotonic() of the last partition assignment
         self.checkpoint_dir = output_dir / ".checkpoint"
         self.checkpoint_every = checkpoint_every
         restored = checkpoint.load(self.checkpoint_dir)
@@ -135,6 +136,8 @@ class _SeekToCheckpoint(ConsumerRebalanceListener):  # type: ignore[misc]
         return None
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.processor.assigned_at = time.monotonic()
+        log.info("assigned %d partitions", len(assigned))
         for tp in assigned:
             offset = self.processor.positions.get(f"{tp.topic}:{tp.partition}")
             if offset is not None:
