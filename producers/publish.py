@@ -43,7 +43,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from producers.events import input_event, rollout_event
-from rewardstream.contract import RunFinished, RunStarted, Topics, encode
+from rewardstream.contract import RunFinished, RunStarted, Topics, encode, run_id_from
 from rewardstream.errors import InputError, LineError
 from rewardstream.jsonl import check_input_file, parse_line
 
@@ -72,7 +72,7 @@ def default_run_id(rollouts: Path) -> str:
     """``<stem>-<sha1 of the resolved path, 8 hex>``: republishing the same file reuses the run,
     so the processor deduplicates instead of starting a second profile."""
     digest = hashlib.sha1(str(rollouts.resolve()).encode()).hexdigest()[:8]
-    return f"{rollouts.stem}-{digest}"
+    return f"{run_id_from(rollouts.stem)}-{digest}"
 
 
 async def publish_files(

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from producers import cli as publish_cli
 from rewardstream import kafka_local
 from rewardstream.batch import ProfileConfig, print_summary, run_profile
+from rewardstream.contract import run_id_from
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
 from rewardstream.jsonl import check_input_file
 from rewardstream.overrides import parse_overrides
@@ -136,7 +137,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     inputs, rollouts = Path(args.inputs), Path(args.rollouts)
     check_input_file(inputs, "--inputs")
     check_input_file(rollouts, "--rollouts")
-    paths = stream_files(inputs, rollouts, Path(args.output_dir), args.run_id or rollouts.stem)
+    run_id = args.run_id or run_id_from(rollouts.stem)
+    try:
+        paths = stream_files(inputs, rollouts, Path(args.output_dir), run_id)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError(f"invalid {err['loc'][0]} {err['input']!r}: {err['msg']}") from None
     print("\n".join(f"{label}: {path}" for label, path in zip(_OUTPUT_LABELS, paths, strict=True)))
     return 0
 

@@ -13,6 +13,7 @@ what the batch profiler extracts from the full row while the full row stays in r
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, NamedTuple
 
 import orjson
@@ -32,6 +33,7 @@ __all__ = [
     "encode",
     "encode_input",
     "encode_rollout",
+    "run_id_from",
     "task_key",
 ]
 
@@ -53,6 +55,11 @@ class Topics(NamedTuple):
         )
 
 
+def run_id_from(text: str) -> str:
+    """``text`` made into a valid run id (invalid characters become ``_``)."""
+    return re.sub(r"[^\w.-]", "_", text).lstrip(".-") or "run"
+
+
 def task_key(task: int) -> bytes:
     """Message key of everything about one task: its index in ASCII decimal."""
     return b"%d" % task
@@ -62,7 +69,8 @@ class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     v: Literal[1] = SCHEMA_VERSION
-    run_id: str = Field(min_length=1, max_length=200)
+    # a path component of the output folder: no separators, no leading dot
+    run_id: str = Field(min_length=1, max_length=200, pattern=r"^\w[\w.-]*$")
 
 
 class InputEvent(_Event):

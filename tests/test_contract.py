@@ -43,6 +43,8 @@ def test_control_events_round_trip() -> None:
     [
         b'{"v":2,"run_id":"r","type":"run_finished"}',  # unknown schema version
         b'{"v":1,"run_id":"","type":"run_finished"}',  # empty run id
+        b'{"v":1,"run_id":"../etc","type":"run_finished"}',  # would leave the output folder
+        b'{"v":1,"run_id":"..","type":"run_finished"}',
         b'{"v":1,"run_id":"r","type":"run_started","expected_rollouts":1,"output_stem":"../x"}',
         b'{"v":1,"run_id":"r","type":"nope"}',
     ],

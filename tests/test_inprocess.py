@@ -47,3 +47,18 @@ def test_replay_equals_batch(
     for suffix in OUTPUT_SUFFIXES:
         name = f"{case.stem}{suffix}"
         assert (out / case.stem / name).read_bytes() == (expected / name).read_bytes(), name
+
+
+def test_replay_names_a_bad_run_id_or_stem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inputs = tmp_path / "my run_materialized_inputs.jsonl"
+    rollouts = tmp_path / "my run.jsonl"
+    inputs.write_bytes(b'{"_ng_task_index":0,"_ng_rollout_index":0}\n')
+    rollouts.write_bytes(b'{"reward":1.0,"_ng_task_index":0,"_ng_rollout_index":0}\n')
+    argv = ["replay", "--inputs", str(inputs), "--rollouts", str(rollouts)]
+    argv += ["--output-dir", str(tmp_path / "out")]
+    assert main([*argv, "--run-id", "../x"]) == 2
+    assert "invalid run_id '../x'" in capsys.readouterr().err
+    assert main(argv) == 2  # the stem has a space: not a valid output stem
+    assert "invalid output_stem 'my run'" in capsys.readouterr().err

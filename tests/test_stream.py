@@ -78,15 +78,15 @@ def _assert_files(folder: Path, case: GoldenCase) -> None:
 
 async def test_final_profiles_equal_batch_and_republish_changes_nothing(running: Running) -> None:
     names = ["blackjack", "multi_agent", "mask_sample", "partial+allow_partial"]
-    for name in names:
-        case = CASES[name]
-        events = golden_events(case, name, finish=name.endswith("allow_partial"))
-        await running.send(events, name)
-        await running.send(events[:4], name)  # republished events are deduplicated
+    run_ids = {name: name.replace("+", "-") for name in names}  # run ids are path components
+    for name, run_id in run_ids.items():
+        events = golden_events(CASES[name], run_id, finish=name.endswith("allow_partial"))
+        await running.send(events, run_id)
+        await running.send(events[:4], run_id)  # republished events are deduplicated
     runs = running.processor.pipeline.runs
-    await running.wait(lambda: all(n in runs and runs[n].done for n in names))
-    for name in names:
-        _assert_files(running.processor.pipeline.output_dir / name, CASES[name])
+    await running.wait(lambda: all(r in runs and runs[r].done for r in run_ids.values()))
+    for name, run_id in run_ids.items():
+        _assert_files(running.processor.pipeline.output_dir / run_id, CASES[name])
     assert runs["blackjack"].duplicates == 4
 
 
