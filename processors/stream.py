@@ -16,11 +16,11 @@ import logging
 import time
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from processors import checkpoint
 from processors.http import make_app, serve
-from processors.pipeline import EventKind, Pipeline
+from processors.pipeline import EventKind, Pipeline, Rejected
 from rewardstream.contract import Topics
 from sinks.metrics import Metrics
 
@@ -44,7 +44,9 @@ class StreamProcessor:
         self.topics = topics or Topics.for_prefix()
         self.group_id = group_id or f"{self.topics.inputs.rsplit('.', 1)[0]}-profiler"
         self.metrics = Metrics(lambda: self.pipeline.runs, self.lag)
-        self.pipeline = Pipeline(output_dir, metrics=self.metrics)
+        self.pipeline = Pipeline(output_dir, on_reject=self._reject, metrics=self.metrics)
+        self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
+        self._at = ""  # the record being handled, for dead letters
         self._consumer: AIOKafkaConsumer | None = None
         self._kinds: dict[str, EventKind] = {
             self.topics.inputs: "input",
@@ -80,12 +82,15 @@ class StreamProcessor:
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=8 << 20,
             )
+            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, enable_idempotence=True)
+            await producer.start()
+            stack.push_async_callback(producer.stop)
             consumer.subscribe(list(self._kinds), listener=_SeekToCheckpoint(self, consumer))
             await consumer.start()
             stack.push_async_callback(consumer.stop)
             stack.callback(self.save_checkpoint)
             self._consumer = consumer
-            await self._consume(consumer, stop)
+            await self._consume(consumer, producer, stop)
 
     def lag(self) -> dict[str, int]:
         """Messages between this processor's position and the log end, per partition."""
@@ -105,7 +110,25 @@ class StreamProcessor:
             self.checkpoint_dir, checkpoint.Checkpoint(self.pipeline.runs, dict(self.positions))
         )
 
-    async def _consume(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+    def _reject(self, rejected: Rejected) -> None:
+        log.warning("dead letter from %s (%s event): %s", self._at, rejected.kind, rejected.reason)
+        self._rejected.append((rejected, self._at))
+
+    async def _dead_letters(self, producer: AIOKafkaProducer) -> None:
+        """Park rejected events, original bytes and reason, before their offsets are saved."""
+        for rejected, at in self._rejected:
+            headers = [
+                ("reason", rejected.reason.encode()),
+                ("kind", rejected.kind.encode()),
+                ("source", at.encode()),
+            ]
+            await producer.send(self.topics.dead_letters, rejected.raw, headers=headers)
+        self._rejected.clear()
+        await producer.flush()
+
+    async def _consume(
+        self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, stop: asyncio.Event
+    ) -> None:
         last_save = time.monotonic()
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=200, max_records=20_000)
@@ -113,6 +136,7 @@ class StreamProcessor:
             for tp, records in batch.items():
                 kind = self._kinds[tp.topic]
                 for record in records:
+                    self._at = f"{tp.topic}:{tp.partition}:{record.offset}"
                     tracker = self.pipeline.handle(kind, record.value or b"")
                     if tracker is not None:
                         touched[tracker.run_id] = tracker
@@ -121,6 +145,8 @@ class StreamProcessor:
                     self.positions[f"{tp.topic}:{tp.partition}"] = records[-1].offset + 1
             for tracker in touched.values():
                 self.pipeline.maybe_finish(tracker)
+            if self._rejected:
+                await self._dead_letters(producer)
             if batch and time.monotonic() - last_save >= self.checkpoint_every:
                 self.save_checkpoint()
                 last_save = time.monotonic()

@@ -6,10 +6,11 @@ import asyncio
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from processors.pipeline import EventKind
 from processors.stream import StreamProcessor
@@ -139,3 +140,36 @@ async def test_snapshot_of_unknown_run_is_a_clear_error(
     )
     assert code == 2
     assert "HTTP 404 unknown run_id 'nope'" in capsys.readouterr().err
+
+
+async def test_poison_events_go_to_dead_letters_and_processing_continues(
+    running: Running, kafka_bootstrap: str
+) -> None:
+    topics = running.processor.topics
+    await running.producer.send(topics.rollouts, b"not json", key=b"0")
+    await running.producer.send(topics.rollouts, b'{"v":1,"run_id":"x","type":"rollout"}', key=b"0")
+    case = CASES["blackjack"]
+    await running.send(golden_events(case, "ok", finish=False), "ok")
+    runs = running.processor.pipeline.runs
+    await running.wait(lambda: "ok" in runs and runs["ok"].done)
+    _assert_files(running.processor.pipeline.output_dir / "ok", case)
+
+    reader = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest")
+    await reader.start()
+    try:
+        tp = TopicPartition(topics.dead_letters, 0)
+        reader.assign([tp])
+        records: list[Any] = []
+        async with asyncio.timeout(30):
+            while len(records) < 2:
+                batch = await reader.getmany(tp, timeout_ms=500)
+                records += batch.get(tp, [])
+    finally:
+        await reader.stop()
+    assert [r.value for r in records] == [b"not json", b'{"v":1,"run_id":"x","type":"rollout"}']
+    headers = [dict(r.headers) for r in records]
+    assert all(h["kind"] == b"rollout" for h in headers)
+    assert headers[0]["source"].startswith(f"{topics.rollouts}:0:".encode())
+    assert b"task" in headers[1]["reason"]  # names the missing field
+    registry = running.processor.metrics.registry
+    assert registry.get_sample_value("rewardstream_events_rejected_total", {"kind": "rollout"}) == 2
