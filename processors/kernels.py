@@ -135,10 +135,10 @@ def summarize_present(values: F64) -> Summary | None:
     n = len(x)
     if n == 0:
         return None
-    mean = float(x.sum()) / n
+    mean = pairwise_sum(x) / n
     if n > 1:
         d = mean - x
-        std = math.sqrt(float((d * d).sum()) / (n - 1))
+        std = math.sqrt(pairwise_sum(d * d) / (n - 1))
     else:
         std = 0.0
     se = std / n**0.5

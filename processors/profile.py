@@ -88,8 +88,6 @@ class Profile:
     repeat_metrics: list[dict[str, Any]]
     summary: CompletionSummary
     masked_rollouts: int
-    profiled_rollouts: int
-    columns: list[str]
     info_pool: bytearray
     info_start: I64
     info_end: I64
@@ -225,9 +223,7 @@ class _Frame(NamedTuple):
 
 def _frame(state: ProfileState, results: I64) -> _Frame:
     schema_of = state.column(state.res_schema)
-    widths = np.array([len(names) for names, _ in state.schemas] or [0], dtype=np.int64)
-    res_widths = widths[schema_of]
-    starts = np.cumsum(res_widths) - res_widths
+    starts, _ = state.value_starts(schema_of)
     pool = state.column(state.pool)
     schemas = schema_of[results]
     order = np.argsort(schemas, kind="stable")
@@ -527,8 +523,6 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         repeat_metrics=repeat_metrics,
         summary=summary,
         masked_rollouts=int(res_masked.sum()),
-        profiled_rollouts=len(results),
-        columns=rollouts.frame.columns,
         info_pool=state.info_pool,
         info_start=np.r_[0, info_end[:-1]].astype(np.int64),
         info_end=info_end,

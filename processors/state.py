@@ -164,17 +164,14 @@ class ProfileState:
         schema = np.frombuffer(self.res_schema, np.int32)[lo:hi].copy()
         agent = np.frombuffer(self.res_agent, np.int32)[lo:hi].copy()
         keep = (np.frombuffer(self.res_masked, np.int8)[lo:hi] == 0) & (agent >= 0)
-        widths = np.array([len(names) for names, _ in self.schemas], dtype=np.int64)[schema]
-        starts = self._folded_pool + np.cumsum(widths) - widths
-        pool = np.frombuffer(self.pool, np.float64)[
-            self._folded_pool : self._folded_pool + int(widths.sum())
-        ].copy()
-        pool_base = self._folded_pool
-        self._folded, self._folded_pool = hi, self._folded_pool + int(widths.sum())
+        starts, total = self.value_starts(schema)
+        base = self._folded_pool
+        pool = np.frombuffer(self.pool, np.float64)[base : base + total].copy()
+        self._folded, self._folded_pool = hi, base + total
         for ag, sc in {(int(a), int(c)) for a, c in zip(agent[keep], schema[keep], strict=True)}:
             rows = np.flatnonzero(keep & (agent == ag) & (schema == sc))
             names = self.schemas[sc][0]
-            values = pool[(starts[rows] - pool_base)[:, None] + np.arange(len(names))]
+            values = pool[starts[rows][:, None] + np.arange(len(names))]
             stats = self._live.setdefault(self.names[ag], RunningStats())
             stats.rollouts += len(rows)
             for j, name in enumerate(names):
@@ -184,6 +181,12 @@ class ProfileState:
                 else:
                     moments.merge(Moments.of(values[:, j]))
         return self._live
+
+    def value_starts(self, schema: npt.NDArray[np.int32]) -> tuple[npt.NDArray[np.int64], int]:
+        """Where each of consecutive results (given their schema ids) starts in the value pool,
+        relative to the first of them, and how many values they hold together."""
+        widths = np.array([len(n) for n, _ in self.schemas] or [0], dtype=np.int64)[schema]
+        return np.cumsum(widths) - widths, int(widths.sum())
 
     def copy(self) -> ProfileState:
         """An independent copy (a snapshot can be built from it while ingestion goes on)."""
