@@ -1,54 +1,89 @@
-"""Checkpoints of the stream processor: its runs and the offsets they cover, saved atomically.
+"""Checkpoints of the stream processor: one per unit (topic-partition), in a shared folder.
 
-A restarted processor loads the newest checkpoint and resumes at its offsets instead of
-replaying the topics from the start; events after the checkpoint are consumed again and the
-runs' key sets drop whatever had already been applied, so nothing counts twice. The sample
-spill files are cut back to the length the checkpoint recorded.
+A unit's checkpoint is its parts of every run and the offset they cover, so whichever processor
+of the consumer group is assigned the partition next (after a rebalance, a restart, or a
+``kill -9``) resumes it there instead of replaying the topic, and deduplication drops whatever
+the replay after the checkpoint delivers again. Beside each pickle, a small JSON *manifest*
+says the unit's position and how many inputs and rollouts of each run it holds: processors
+read their peers' manifests to know when a run is complete without loading their state.
+
+Files are written atomically (temp file, fsync, rename): a kill leaves the previous one intact.
+The pickle is renamed before the manifest, so a manifest never promises more than its pickle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
-from processors.runs import RunTracker
+import orjson
 
-__all__ = ["Checkpoint", "load", "save"]
+from processors.runs import Counts, Unit
 
-_NAME = "checkpoint.pickle"
-
-
-class Checkpoint(NamedTuple):
-    """The runs and the next offset to consume per ``topic:partition`` when it was taken."""
-
-    runs: dict[str, RunTracker]
-    positions: dict[str, int]
+__all__ = ["CheckpointStore", "Manifest"]
 
 
-def save(folder: Path, checkpoint: Checkpoint) -> None:
-    """Write atomically (temp file, fsync, rename): a kill leaves the previous one intact."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", dir=folder)
+class Manifest(NamedTuple):
+    """What a unit's checkpoint covers: the next offset to consume and per-run counts."""
+
+    position: int
+    runs: dict[str, Counts]
+
+
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            pickle.dump(checkpoint, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, folder / _NAME)
+        os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
 
 
-def load(folder: Path) -> Checkpoint | None:
-    """The saved checkpoint, or None when there is none yet."""
-    try:
-        with open(folder / _NAME, "rb") as fh:
-            checkpoint = pickle.load(fh)
-    except FileNotFoundError:
-        return None
-    assert isinstance(checkpoint, Checkpoint)
-    return checkpoint
+class CheckpointStore:
+    """The checkpoint folder that the processors of one group share."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def save(self, unit: Unit) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _atomic_write(
+            self.folder / f"{unit.name}.pickle",
+            lambda fh: pickle.dump(unit, fh, protocol=pickle.HIGHEST_PROTOCOL),
+        )
+        manifest = {
+            "position": unit.position,
+            "runs": {r: [p.inputs, p.rollouts] for r, p in unit.parts.items()},
+        }
+        data = orjson.dumps(manifest)
+        _atomic_write(self.folder / f"{unit.name}.json", lambda fh: fh.write(data))
+        unit.dirty = False
+
+    def load(self, name: str) -> Unit | None:
+        """The unit as last checkpointed (its spills read-only), or None when there is none."""
+        try:
+            with open(self.folder / f"{name}.pickle", "rb") as fh:
+                unit = pickle.load(fh)
+        except FileNotFoundError:
+            return None
+        assert isinstance(unit, Unit)
+        return unit
+
+    def manifests(self, names: Iterable[str]) -> dict[str, Manifest]:
+        """The manifests of the named units that have one."""
+        out = {}
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                raw = orjson.loads((self.folder / f"{name}.json").read_bytes())
+                runs = {r: Counts(*c) for r, c in raw["runs"].items()}
+                out[name] = Manifest(raw["position"], runs)
+        return out

@@ -8,7 +8,6 @@ body (the server never writes where a client asks).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -19,17 +18,16 @@ from processors.pipeline import Pipeline
 __all__ = ["make_app", "serve"]
 
 
-def make_app(
-    pipeline: Pipeline, coverage: Callable[[], dict[str, int]], registry: CollectorRegistry | None
-) -> web.Application:
-    """``coverage`` reports the next offset to consume per ``topic:partition``."""
+def make_app(pipeline: Pipeline, registry: CollectorRegistry | None) -> web.Application:
+    """Health, ``/runs``, snapshots of ``pipeline`` and the metrics in ``registry``."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry) if registry is not None else b""
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        units = {name: unit.position for name, unit in sorted(pipeline.units.items())}
+        return web.json_response({"status": "ok", "leader": pipeline.leader, "units": units})
 
     async def runs(_: web.Request) -> web.Response:
         return web.json_response(
@@ -37,7 +35,8 @@ def make_app(
                 {
                     "run_id": t.run_id,
                     "rollouts": t.rollouts,
-                    "expected_rollouts": t.started.expected_rollouts if t.started else None,
+                    "inputs": t.inputs,
+                    "expected_rollouts": t.expected,
                     "finished": t.finished,
                     "done": t.done,
                     "duplicates": t.duplicates,
@@ -52,13 +51,12 @@ def make_app(
             job = pipeline.snapshot_job(run_id)
         except KeyError:
             raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}") from None
-        offsets = coverage()
         snap = await asyncio.get_running_loop().run_in_executor(None, job)
         body: dict[str, Any] = {
             "run_id": snap.run_id,
             "rollouts": snap.rollouts,
             "inputs": snap.inputs,
-            "offsets": offsets,
+            "offsets": snap.offsets,
             "files": {name: data.decode() for name, data in snap.files.items()},
         }
         return web.json_response(body)

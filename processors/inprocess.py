@@ -27,14 +27,14 @@ def stream_files(inputs: Path, rollouts: Path, output_dir: Path, run_id: str) ->
             pipeline.handle(event.kind, event.value)
             n_inputs += 1
         started = RunStarted(run_id=run_id, expected_rollouts=n_inputs, output_stem=rollouts.stem)
-        tracker = pipeline.handle("control", encode(started))
+        pipeline.handle("control", encode(started))
         for event in rollout_events(rollouts, run_id):
-            tracker = pipeline.handle(event.kind, event.value)
-        tracker = pipeline.handle("control", encode(RunFinished(run_id=run_id)))
+            pipeline.handle(event.kind, event.value)
+        run = pipeline.handle("control", encode(RunFinished(run_id=run_id)))
         if rejected:
             raise InputError(f"event rejected: {rejected[0].reason}")
-        assert tracker is not None
-        paths = pipeline.maybe_finish(tracker)
+        assert run is not None
+        paths = pipeline.maybe_finish(run)
         if paths is None:
-            raise InputError(f"run {run_id}: no profile written: {tracker.error}")
+            raise InputError(f"run {run_id}: no profile written: {run.error}")
         return paths

@@ -120,6 +120,32 @@ def _encode(a: I64, b: I64) -> tuple[I64, Any]:
     return codes, lambda c: (c // span + a0, c % span + b0)
 
 
+class _Inputs(NamedTuple):
+    """The materialized rows' columns in file order (they may have arrived in any order)."""
+
+    task: I64
+    rollout: I64
+    agent: I64
+    server: I64
+    locator: I64
+
+    @classmethod
+    def of(cls, state: ProfileState) -> _Inputs:
+        order = np.argsort(state.column(state.in_order), kind="stable")
+        return cls(
+            *(
+                state.column(buf)[order].astype(np.int64)
+                for buf in (
+                    state.in_task,
+                    state.in_rollout,
+                    state.in_agent,
+                    state.in_server,
+                    state.in_locator,
+                )
+            )
+        )
+
+
 class _Keys(NamedTuple):
     """Dense key ids (ascending (task, rollout) order) of every row and every result."""
 
@@ -128,11 +154,11 @@ class _Keys(NamedTuple):
     of_result: I64
 
 
-def _align(state: ProfileState, allow_partial: bool) -> _Keys:
+def _align(state: ProfileState, inputs: _Inputs, allow_partial: bool) -> _Keys:
     """Dense key ids plus NeMo Gym's alignment checks, in its order (spec §2.3)."""
-    n_in = state.num_inputs
-    tasks = np.concatenate([state.column(state.in_task), state.column(state.res_task)])
-    rollouts = np.concatenate([state.column(state.in_rollout), state.column(state.res_rollout)])
+    n_in = len(inputs.task)
+    tasks = np.concatenate([inputs.task, state.column(state.res_task)])
+    rollouts = np.concatenate([inputs.rollout, state.column(state.res_rollout)])
     codes, decode = _encode(tasks, rollouts)
     unique, inverse = np.unique(codes, return_inverse=True)
     inverse = inverse.astype(np.int64)
@@ -393,10 +419,9 @@ class _Rollouts(NamedTuple):
 
 
 def _task_rows(
-    state: ProfileState, r: _Rollouts, m_task: I64, m_label: I64, fan_out: bool
+    names: list[str], locator: I64, r: _Rollouts, m_task: I64, m_label: I64, fan_out: bool
 ) -> TaskRows:
     """Group by task, or by (task, label) under fan-out (spec §2.5, §2.8); rows built lazily."""
-    names, locator = state.names, state.column(state.in_locator)
     if fan_out:
         labelled = m_label >= 0
         keep = np.flatnonzero(r.label >= 0)
@@ -462,15 +487,14 @@ def _agent_metrics(
 
 def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     """The profile NeMo Gym 0.7.0 would write for the rows and results in ``state``."""
-    keys = _align(state, allow_partial)
+    inputs = _Inputs.of(state)
+    keys = _align(state, inputs, allow_partial)
     names = state.names
-    in_task = state.column(state.in_task)
-    in_agent = state.column(state.in_agent).astype(np.int64)
-    in_server = state.column(state.in_server).astype(np.int64)
+    in_task, in_agent, in_server = inputs.task, inputs.agent, inputs.server
     run_key = np.where(in_server >= 0, in_server, in_agent)
 
     row_of_key = np.full(keys.size, -1, dtype=np.int64)
-    row_of_key[keys.of_input] = np.arange(state.num_inputs)
+    row_of_key[keys.of_input] = np.arange(len(in_task))
     res_row = row_of_key[keys.of_result]
     has_result = np.zeros(keys.size, dtype=bool)
     has_result[keys.of_result] = True
@@ -504,7 +528,7 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         label=row_label[r_row],
         frame=_frame(state, results),
     )
-    task_rows = _task_rows(state, rollouts, m_task, m_label, fan_out)
+    task_rows = _task_rows(names, inputs.locator, rollouts, m_task, m_label, fan_out)
     agent_metrics, repeat_metrics = _agent_metrics(names, rollouts)
 
     # coverage keys, from every matched result in key order (spec §2.4)

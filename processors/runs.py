@@ -1,44 +1,63 @@
-"""One collection's streaming state: deduplicated events into a :class:`ProfileState`.
+"""Streaming state: runs, the units (topic-partitions) that carry them, and their parts.
 
-Framework-free: the Kafka processor and the in-process pipeline both feed decoded events to a
-:class:`RunTracker` and ask it whether the run is complete. Redelivered or republished events
-are recognised by their key and counted once; ``sample`` rows are appended to a spill file on
-disk (the state keeps only their offsets), so memory stays with the numbers.
+Framework-free: the Kafka processor and the in-process pipeline both feed decoded events here.
+
+- A :class:`Unit` is one partition of the inputs or rollouts topic: the next offset to consume
+  and a :class:`Part` per run. Units are what moves between processors of one consumer group
+  (each is checkpointed on its own, :mod:`processors.checkpoint`), so a part's key set is all
+  the deduplication a run needs: every event of a task is keyed to the same partition.
+- A :class:`Part` is one unit's share of one run: a :class:`ProfileState` with the events
+  applied once, and for input parts a spill file of ``sample`` rows on disk (the state keeps
+  only their offsets), so memory stays with the numbers.
+- A :class:`Run` is what the control topic says of a collection plus the parts of it this
+  process holds; the final and partial profiles merge the parts of every unit.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import orjson
 
-from processors.profile import Profile, build_profile
 from processors.records import extract_result
-from processors.state import ProfileState, row_key
+from processors.state import LOCATOR_BITS, ProfileState, row_key
+from processors.welford import RunningStats
 from rewardstream.contract import InputEvent, RolloutEvent, RunStarted
 
-__all__ = ["RunTracker", "SampleSpill"]
+__all__ = ["Counts", "Merged", "Part", "Run", "SampleSpill", "Unit", "merge_parts"]
 
 
 class SampleSpill:
     """Append-only file of ``sample`` rows (one JSON line each), addressed by byte offset.
 
-    Writes are unbuffered and reads use ``pread``, so a snapshot thread can read samples while
-    the consumer keeps appending.
+    Writes are unbuffered and reads use ``pread``, so a snapshot thread (or another processor)
+    can read samples while the owner keeps appending. Only the owner writes: a spill unpickled
+    from a checkpoint is read-only until :meth:`claim` cuts it back to the checkpointed length.
     """
 
-    def __init__(self, path: Path, size: int = 0) -> None:
-        """Open a new spill, or reopen one at ``size`` bytes (dropping what came after it)."""
+    def __init__(self, path: Path, size: int = 0, owner: bool = True) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-        os.ftruncate(self._fd, size)
-        self._size = size
+        self.path, self._size, self._fd = path, size, -1
+        self._open(owner)
 
-    def __reduce__(self) -> tuple[type[SampleSpill], tuple[Path, int]]:
-        return (SampleSpill, (self.path, self._size))  # a checkpoint keeps the length, not the fd
+    def _open(self, owner: bool) -> None:
+        if owner:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            os.ftruncate(self._fd, self._size)  # drop what came after the checkpoint
+        else:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o600)
+
+    def __reduce__(self) -> tuple[type[SampleSpill], tuple[Path, int, bool]]:
+        return (SampleSpill, (self.path, self._size, False))  # the length, not the fd
+
+    def claim(self) -> None:
+        """Become the writer (after taking over a unit from a checkpoint)."""
+        self.close()
+        self._open(owner=True)
 
     def append(self, row: dict[str, object]) -> int:
         sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
@@ -65,64 +84,177 @@ class SampleSpill:
             self._fd = -1
 
 
-class RunTracker:
-    """Rows, results and control state of one run (``run_id``)."""
+class Part:
+    """One unit's events of one run, each applied once."""
 
-    def __init__(self, run_id: str, spill_dir: Path) -> None:
-        self.run_id = run_id
+    def __init__(self, spill_path: Path) -> None:
         self.state = ProfileState()
-        self.started: RunStarted | None = None
-        self.finished = False
-        self.done = False  # the final profile was written, or failed (see ``error``)
-        self.error: str | None = None
         self.duplicates = 0
-        self._inputs: set[tuple[int, int]] = set()
-        self._results: set[tuple[int, int]] = set()
-        self.spill = SampleSpill(spill_dir / f"{run_id}.samples.jsonl")
+        self._keys: set[tuple[int, int]] = set()
+        self._spill_path = spill_path
+        self.spill: SampleSpill | None = None  # opened by the first input row
+
+    @property
+    def inputs(self) -> int:
+        return self.state.num_inputs
 
     @property
     def rollouts(self) -> int:
-        return len(self._results)
-
-    @property
-    def complete(self) -> bool:
-        """Every expected rollout (and every input row) has arrived."""
-        expected = self.started.expected_rollouts if self.started else None
-        return expected is not None and self.rollouts == expected == len(self._inputs)
+        return self.state.num_results
 
     def add_input(self, event: InputEvent) -> bool:
         """Record one materialized row; False when it was seen before."""
         key = row_key(event.row)
-        if key in self._inputs:
+        if key in self._keys:
             self.duplicates += 1
             return False
-        self._inputs.add(key)
-        self.state.add_input(event.row, self.spill.append(event.row))
+        if self.spill is None:
+            self.spill = SampleSpill(self._spill_path)
+        self._keys.add(key)
+        self.state.add_input(event.row, self.spill.append(event.row), event.line)
         return True
 
     def add_rollout(self, event: RolloutEvent) -> bool:
         """Record one rollout; False when it was seen before."""
         key = (event.task, event.rollout)
-        if key in self._results:
+        if key in self._keys:
             self.duplicates += 1
             return False
         record = extract_result(event.result, event.task, event.rollout)
-        self._results.add(key)
+        self._keys.add(key)
         self.state.add_record(event.task, event.rollout, record, event.agent)
         return True
 
-    def tasks_complete(self) -> int:
-        """Tasks whose every materialized row has its result (masked ones included)."""
-        tasks, rows = np.unique(ProfileState.column(self.state.in_task), return_counts=True)
-        done = dict(
-            zip(
-                *np.unique(ProfileState.column(self.state.res_task), return_counts=True),
-                strict=True,
-            )
+    def copy(self) -> Part:
+        """A copy of the state (for a snapshot) that reads samples from the same spill."""
+        clone = Part(self._spill_path)
+        clone.state, clone.spill = self.state.copy(), self.spill
+        return clone
+
+    def close(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
+
+
+class Unit:
+    """One topic-partition (``input-3``, ``rollout-0``): its position and its runs' parts."""
+
+    def __init__(self, name: str, folder: Path) -> None:
+        self.name = name
+        self.folder = folder  # runs' spill files go to <folder>/<run_id>/.state/
+        self.position = 0  # next offset to consume
+        self.parts: dict[str, Part] = {}
+        self.dirty = False  # changed since the last checkpoint
+
+    def part(self, run_id: str) -> Part:
+        part = self.parts.get(run_id)
+        if part is None:
+            spill = self.folder / run_id / ".state" / f"{self.name}.samples.jsonl"
+            part = self.parts[run_id] = Part(spill)
+        return part
+
+    def claim(self) -> None:
+        """Take over the unit's spill files as their writer."""
+        for part in self.parts.values():
+            if part.spill is not None:
+                part.spill.claim()
+
+    def close(self) -> None:
+        for part in self.parts.values():
+            part.close()
+
+
+class Counts(NamedTuple):
+    """How many distinct input rows and rollouts one unit holds of a run."""
+
+    inputs: int
+    rollouts: int
+
+
+class Run:
+    """One collection (``run_id``): control state, and its parts held by this process."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.started: RunStarted | None = None
+        self.finished = False
+        # after "finished": unit -> log end offset it must be consumed to before a partial final
+        self.finish_at: dict[str, int] = {}
+        self.done = False  # the final profile was written (here or by another processor)
+        self.error: str | None = None
+        self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
+        self.foreign: dict[str, Counts] = {}  # unit name -> counts, units other processors own
+
+    @property
+    def expected(self) -> int | None:
+        return self.started.expected_rollouts if self.started else None
+
+    @property
+    def rollouts(self) -> int:
+        """Distinct rollouts consumed, by this process and (as last checkpointed) its peers."""
+        return self.local_rollouts + sum(c.rollouts for c in self.foreign.values())
+
+    @property
+    def inputs(self) -> int:
+        return sum(p.inputs for p in self.parts.values()) + sum(
+            c.inputs for c in self.foreign.values()
         )
+
+    @property
+    def local_rollouts(self) -> int:
+        return sum(p.rollouts for p in self.parts.values())
+
+    @property
+    def duplicates(self) -> int:
+        return sum(p.duplicates for p in self.parts.values())
+
+    @property
+    def complete(self) -> bool:
+        """Every expected rollout (and every input row) has arrived."""
+        return self.expected is not None and self.rollouts == self.expected == self.inputs
+
+    def live(self) -> dict[str, RunningStats]:
+        """Per-agent running moments over this process's parts (Chan's merge across parts)."""
+        merged: dict[str, RunningStats] = {}
+        for part in self.parts.values():
+            for agent, stats in part.state.live().items():
+                merged.setdefault(agent, RunningStats()).merge(stats)
+        return merged
+
+    def tasks_complete(self) -> int:
+        """Tasks whose every materialized row has its result here (masked ones included).
+
+        Inputs and rollouts of a task are co-partitioned, so over processors this adds up.
+        """
+        states = [p.state for p in self.parts.values()]
+        empty = np.zeros(0, dtype=np.int64)
+        in_task = np.concatenate([empty, *(ProfileState.column(s.in_task) for s in states)])
+        res_task = np.concatenate([empty, *(ProfileState.column(s.res_task) for s in states)])
+        tasks, rows = np.unique(in_task, return_counts=True)
+        done = dict(zip(*np.unique(res_task, return_counts=True), strict=True))
         return sum(
             1 for t, n in zip(tasks.tolist(), rows.tolist(), strict=True) if done.get(t) == n
         )
 
-    def profile(self, allow_partial: bool) -> Profile:
-        return build_profile(self.state, allow_partial)
+
+class Merged(NamedTuple):
+    """Parts merged into one state, with the reader of their ``sample`` rows."""
+
+    state: ProfileState
+    sample: Callable[[int], bytes]
+
+
+def merge_parts(parts: Iterable[Part]) -> Merged:
+    """One state from many parts (copies: the parts may keep growing)."""
+    state, spills = ProfileState(), list[SampleSpill | None]()
+    for part in parts:
+        state.merge(part.state, locator_shift=len(spills) << LOCATOR_BITS)
+        spills.append(part.spill)
+    mask = (1 << LOCATOR_BITS) - 1
+
+    def sample(locator: int) -> bytes:
+        spill = spills[locator >> LOCATOR_BITS]
+        assert spill is not None, "an input row without its spill"
+        return spill.sample(locator & mask)
+
+    return Merged(state, sample)

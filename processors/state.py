@@ -21,7 +21,10 @@ from processors.records import ResultRecord, extract_result
 from processors.welford import Moments, RunningStats
 from rewardstream.errors import InvalidRow
 
-__all__ = ["ProfileState", "row_key"]
+__all__ = ["LOCATOR_BITS", "ProfileState", "row_key"]
+
+LOCATOR_BITS = 40
+"""Merged parts tag their locators with ``part << LOCATOR_BITS`` (offsets stay below 1 TiB)."""
 
 _NO_NAME = -1
 _DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
@@ -59,6 +62,7 @@ class ProfileState:
         self.in_agent = array("i")
         self.in_server = array("i")
         self.in_locator = array("q")
+        self.in_order = array("q")  # position in the inputs file (line or byte offset)
         # results, in arrival order
         self.res_task = array("q")
         self.res_rollout = array("q")
@@ -84,8 +88,12 @@ class ProfileState:
             self.names.append(name)
         return ident
 
-    def add_input(self, row: dict[str, Any], locator: int) -> None:
-        """Record one materialized row; ``locator`` lets the sink read its ``sample`` back."""
+    def add_input(self, row: dict[str, Any], locator: int, order: int) -> None:
+        """Record one materialized row; ``locator`` lets the sink read its ``sample`` back.
+
+        ``order`` is the row's position in the inputs file (its line, or byte offset): rows may
+        arrive in any order (several partitions), but the profile reads them in file order.
+        """
         task, rollout = row_key(row)
         agent_ref = row.get("agent_ref")
         agent = agent_ref.get("name") if isinstance(agent_ref, dict) else None
@@ -95,6 +103,7 @@ class ProfileState:
         server = _optional_name(row.get("_ng_environment_server"), "_ng_environment_server")
         self.in_server.append(self._name_id(server))
         self.in_locator.append(locator)
+        self.in_order.append(order)
 
     def add_result(self, result: dict[str, Any], agent: str | None = None) -> None:
         """Record one result row. ``agent``, when the caller knows it, feeds the live stats."""
@@ -119,8 +128,12 @@ class ProfileState:
         self.info_pool += record.info
         self.info_end.append(len(self.info_pool))
 
-    def merge(self, other: ProfileState) -> None:
-        """Fold another state (e.g. another shard's) into this one."""
+    def merge(self, other: ProfileState, locator_shift: int = 0) -> None:
+        """Fold another state (e.g. another shard's) into this one.
+
+        ``locator_shift`` is added to the other's locators, so parts whose ``sample`` rows live
+        in different files can say which file (see :data:`LOCATOR_BITS`).
+        """
         remap = np.array([self._name_id(n) for n in other.names] + [_NO_NAME], dtype=np.int32)
         pairs = (
             (self.in_agent, other.in_agent),
@@ -131,7 +144,11 @@ class ProfileState:
             mine.extend(array("i", remap[np.frombuffer(theirs, dtype=np.int32)].tobytes()))
         self.in_task.extend(other.in_task)
         self.in_rollout.extend(other.in_rollout)
-        self.in_locator.extend(other.in_locator)
+        locators = other.in_locator
+        if locator_shift:
+            locators = array("q", (np.frombuffer(locators, np.int64) + locator_shift).tobytes())
+        self.in_locator.extend(locators)
+        self.in_order.extend(other.in_order)
         schema_map = []
         for shape in other.schemas:
             ident = self._schema_ids.get(shape)

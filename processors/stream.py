@@ -2,10 +2,18 @@
 
 faust-streaming 0.15.3 was measured to lose a record when a restarted worker finds a backlog
 (README, issue 2), so the processor is a plain aiokafka consumer feeding the shared
-:class:`processors.pipeline.Pipeline`. Every few seconds it checkpoints its runs with the
-offsets they cover (:mod:`processors.checkpoint`); a restarted processor (even after
-``kill -9``) resumes from there, and deduplication by (run, task, rollout) drops what the
-replay after the checkpoint delivers again.
+:class:`processors.pipeline.Pipeline`.
+
+- Data (inputs and rollouts topics) is consumed in a consumer group with the range assignor, so
+  N processors split the partitions and partition ``p`` of both topics (the same tasks: both
+  are keyed by task) goes to the same processor. Each partition is a *unit* with its own
+  checkpoint in the shared ``<output-dir>/.checkpoint`` (every few seconds, when idle, and on
+  revocation); the next owner resumes it there, even after ``kill -9``, and deduplication by
+  (run, task, rollout) drops what the replay after the checkpoint delivers again.
+- Control events are read by every processor, from the start, outside the group: all of them
+  know every run. The owner of ``rollout-0`` (the leader) writes final profiles, merging the
+  other units' parts from their checkpoints once their manifests say the run is complete, or,
+  after "finished", once every unit has been consumed to where the log ended then.
 """
 
 from __future__ import annotations
@@ -17,16 +25,20 @@ import time
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
-from processors import checkpoint
+from processors.checkpoint import CheckpointStore
 from processors.http import make_app, serve
 from processors.pipeline import EventKind, Pipeline, Rejected
+from processors.runs import Run, Unit
 from rewardstream.contract import Topics
 from sinks.metrics import Metrics
 
 __all__ = ["StreamProcessor"]
 
 log = logging.getLogger(__name__)
+
+_PEERS_EVERY = 0.5  # seconds between reads of the peers' manifests
 
 
 class StreamProcessor:
@@ -43,72 +55,85 @@ class StreamProcessor:
         self.bootstrap = bootstrap
         self.topics = topics or Topics.for_prefix()
         self.group_id = group_id or f"{self.topics.inputs.rsplit('.', 1)[0]}-profiler"
+        self.store = CheckpointStore(output_dir / ".checkpoint")
         self.metrics = Metrics(lambda: self.pipeline.runs, self.lag)
-        self.pipeline = Pipeline(output_dir, on_reject=self._reject, metrics=self.metrics)
+        self.pipeline = Pipeline(
+            output_dir, on_reject=self._reject, metrics=self.metrics, peers=self.store
+        )
         self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
         self._at = ""  # the record being handled, for dead letters
-        self._consumer: AIOKafkaConsumer | None = None
+        self._data: AIOKafkaConsumer | None = None
         self._kinds: dict[str, EventKind] = {
             self.topics.inputs: "input",
             self.topics.rollouts: "rollout",
-            self.topics.control: "control",
         }
         self.consumed = 0
-        self.positions: dict[str, int] = {}  # "topic:partition" -> next offset to consume
         self.assigned_at: float | None = None  # time.monotonic() of the last partition assignment
-        self.checkpoint_dir = output_dir / ".checkpoint"
         self.checkpoint_every = checkpoint_every
-        restored = checkpoint.load(self.checkpoint_dir)
-        if restored is not None:
-            self.pipeline.runs, self.positions = restored.runs, dict(restored.positions)
-            log.info(
-                "resumed from checkpoint: %d runs, offsets %s",
-                len(restored.runs),
-                restored.positions,
-            )
+
+    def unit_name(self, tp: TopicPartition) -> str:
+        return f"{self._kinds[tp.topic]}-{tp.partition}"
 
     async def run(self, stop: asyncio.Event, http: tuple[str, int] | None = None) -> None:
         """Process until ``stop`` is set, serving snapshots on ``http`` (host, port) if given."""
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self.pipeline.close)
             if http is not None:
-                app = make_app(self.pipeline, lambda: dict(self.positions), self.metrics.registry)
-                runner = await serve(app, *http)
+                runner = await serve(make_app(self.pipeline, self.metrics.registry), *http)
                 stack.push_async_callback(runner.cleanup)
-            consumer = AIOKafkaConsumer(
+            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, enable_idempotence=True)
+            await producer.start()
+            stack.push_async_callback(producer.stop)
+            control = AIOKafkaConsumer(
+                self.topics.control,
+                bootstrap_servers=self.bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+            )
+            await control.start()
+            stack.push_async_callback(control.stop)
+            data = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
                 group_id=self.group_id,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=8 << 20,
+                partition_assignment_strategy=(RangePartitionAssignor,),
             )
-            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, enable_idempotence=True)
-            await producer.start()
-            stack.push_async_callback(producer.stop)
-            consumer.subscribe(list(self._kinds), listener=_SeekToCheckpoint(self, consumer))
-            await consumer.start()
-            stack.push_async_callback(consumer.stop)
+            data.subscribe(list(self._kinds), listener=_Rebalance(self, data))
+            await data.start()
+            stack.push_async_callback(data.stop)
             stack.callback(self.save_checkpoint)
-            self._consumer = consumer
-            await self._consume(consumer, producer, stop)
+            self._data = data
+            loops = [
+                asyncio.create_task(self._consume(data, producer, stop)),
+                asyncio.create_task(self._control(control, producer, stop)),
+            ]
+            try:
+                await asyncio.gather(*loops)
+            finally:
+                for task in loops:
+                    task.cancel()
+                await asyncio.gather(*loops, return_exceptions=True)
 
     def lag(self) -> dict[str, int]:
         """Messages between this processor's position and the log end, per partition."""
-        consumer = self._consumer
+        consumer = self._data
         if consumer is None:
             return {}
         out = {}
         for tp in consumer.assignment():
-            end = consumer.highwater(tp)
-            if end is not None:
-                done = self.positions.get(f"{tp.topic}:{tp.partition}", 0)
-                out[f"{tp.topic}:{tp.partition}"] = max(0, end - done)
+            end, unit = consumer.highwater(tp), self.pipeline.units.get(self.unit_name(tp))
+            if end is not None and unit is not None:
+                out[f"{tp.topic}:{tp.partition}"] = max(0, end - unit.position)
         return out
 
     def save_checkpoint(self) -> None:
-        checkpoint.save(
-            self.checkpoint_dir, checkpoint.Checkpoint(self.pipeline.runs, dict(self.positions))
-        )
+        """Checkpoint every owned unit that changed since its last checkpoint."""
+        for unit in self.pipeline.units.values():
+            if unit.dirty:
+                self.store.save(unit)
 
     def _reject(self, rejected: Rejected) -> None:
         log.warning("dead letter from %s (%s event): %s", self._at, rejected.kind, rejected.reason)
@@ -116,55 +141,113 @@ class StreamProcessor:
 
     async def _dead_letters(self, producer: AIOKafkaProducer) -> None:
         """Park rejected events, original bytes and reason, before their offsets are saved."""
-        for rejected, at in self._rejected:
+        rejected, self._rejected = self._rejected, []
+        for event, at in rejected:
             headers = [
-                ("reason", rejected.reason.encode()),
-                ("kind", rejected.kind.encode()),
+                ("reason", event.reason.encode()),
+                ("kind", event.kind.encode()),
                 ("source", at.encode()),
             ]
-            await producer.send(self.topics.dead_letters, rejected.raw, headers=headers)
-        self._rejected.clear()
+            await producer.send(self.topics.dead_letters, event.raw, headers=headers)
         await producer.flush()
+
+    async def _end_offsets(self) -> dict[str, int]:
+        """The log end offset of every data partition, by unit name."""
+        assert self._data is not None
+        parts = [
+            TopicPartition(topic, p)
+            for topic in self._kinds
+            for p in sorted(self._data.partitions_for_topic(topic) or ())
+        ]
+        ends = await self._data.end_offsets(parts) if parts else {}
+        return {self.unit_name(tp): end for tp, end in ends.items()}
+
+    async def _control(
+        self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, stop: asyncio.Event
+    ) -> None:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=200)
+            if not batch:
+                continue
+            ends = await self._end_offsets()  # fetched after the records: covers what preceded
+            for tp, records in batch.items():
+                for record in records:
+                    self._at = f"{tp.topic}:{tp.partition}:{record.offset}"
+                    run = self.pipeline.handle("control", record.value or b"")
+                    if run is not None and run.finished and not run.finish_at:
+                        run.finish_at = ends
+                    if run is not None:
+                        self.pipeline.maybe_finish(run)
+            if self._rejected:
+                await self._dead_letters(producer)
 
     async def _consume(
         self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, stop: asyncio.Event
     ) -> None:
-        last_save = time.monotonic()
+        last_save = last_peers = time.monotonic()
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=200, max_records=20_000)
-            touched = {}
+            touched: dict[str, Run] = {}
             for tp, records in batch.items():
+                unit = self.pipeline.units.get(self.unit_name(tp))
+                if unit is None or not records:  # revoked since the fetch
+                    continue
                 kind = self._kinds[tp.topic]
                 for record in records:
                     self._at = f"{tp.topic}:{tp.partition}:{record.offset}"
-                    tracker = self.pipeline.handle(kind, record.value or b"")
-                    if tracker is not None:
-                        touched[tracker.run_id] = tracker
+                    run = self.pipeline.handle(kind, record.value or b"", unit.name)
+                    if run is not None:
+                        touched[run.run_id] = run
                 self.consumed += len(records)
-                if records:
-                    self.positions[f"{tp.topic}:{tp.partition}"] = records[-1].offset + 1
-            for tracker in touched.values():
-                self.pipeline.maybe_finish(tracker)
+                unit.position = records[-1].offset + 1
+                unit.dirty = True
+            now = time.monotonic()
+            if self.pipeline.peer_units and now - last_peers >= _PEERS_EVERY:
+                self.pipeline.refresh_peers()
+                last_peers = now
+                touched |= {r.run_id: r for r in self.pipeline.runs.values() if not r.done}
+            touched |= {r.run_id: r for r in self.pipeline.runs.values() if r.finished}
+            for run in touched.values():
+                self.pipeline.maybe_finish(run)
             if self._rejected:
                 await self._dead_letters(producer)
-            if batch and time.monotonic() - last_save >= self.checkpoint_every:
-                self.save_checkpoint()
-                last_save = time.monotonic()
+            if not batch or now - last_save >= self.checkpoint_every:
+                self.save_checkpoint()  # when idle too, so peers see a finished share at once
+                last_save = now
 
 
-class _SeekToCheckpoint(ConsumerRebalanceListener):  # type: ignore[misc]
-    """On assignment, start each partition where the checkpoint left it."""
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Units follow their partitions: checkpointed when revoked, resumed when assigned."""
 
     def __init__(self, processor: StreamProcessor, consumer: AIOKafkaConsumer) -> None:
         self.processor, self.consumer = processor, consumer
 
-    async def on_partitions_revoked(self, revoked: object) -> None:
-        return None
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        pipeline, store = self.processor.pipeline, self.processor.store
+        for tp in revoked:
+            unit = pipeline.units.get(self.processor.unit_name(tp))
+            if unit is not None:
+                if unit.dirty:
+                    store.save(unit)
+                pipeline.release(unit.name)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        self.processor.assigned_at = time.monotonic()
-        log.info("assigned %d partitions", len(assigned))
+        processor, pipeline = self.processor, self.processor.pipeline
+        processor.assigned_at = time.monotonic()
         for tp in assigned:
-            offset = self.processor.positions.get(f"{tp.topic}:{tp.partition}")
-            if offset is not None:
-                self.consumer.seek(tp, offset)
+            name = processor.unit_name(tp)
+            if name in pipeline.units:
+                continue
+            unit = processor.store.load(name) or Unit(name, pipeline.output_dir)
+            pipeline.adopt(unit)
+            if unit.position:
+                self.consumer.seek(tp, unit.position)
+        owned = {processor.unit_name(tp) for tp in assigned}
+        every = {
+            processor.unit_name(TopicPartition(topic, p))
+            for topic in processor._kinds
+            for p in self.consumer.partitions_for_topic(topic) or ()
+        }
+        pipeline.leader = "rollout-0" in owned or not every - owned
+        pipeline.set_peer_units(every - owned)
+        log.info("assigned %s; leader=%s", sorted(owned), pipeline.leader)

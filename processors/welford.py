@@ -75,3 +75,9 @@ class RunningStats:
 
     rollouts: int = 0
     columns: dict[str, Moments] = field(default_factory=dict)
+
+    def merge(self, other: RunningStats) -> None:
+        """Chan's merge, column by column (another part's stats of the same agent)."""
+        self.rollouts += other.rollouts
+        for name, moments in other.columns.items():
+            self.columns.setdefault(name, Moments()).merge(moments)

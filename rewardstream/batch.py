@@ -48,7 +48,7 @@ def _load_part(kind: str, path: Path, start: int, end: int) -> ProfileState:
     for line in iter_jsonl(path, start, end):
         try:
             if add is not None:
-                add(line.value, line.offset)
+                add(line.value, line.offset, line.offset)
             else:
                 state.add_result(line.value)
         except InvalidRow as exc:

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from processors.runs import RunTracker
+    from processors.runs import Run
 
 __all__ = ["Metrics"]
 
@@ -27,7 +27,7 @@ class _LiveCollector(Collector):
     """Reward mean/std/min/max by (run, agent), completion by run, and consumer lag."""
 
     def __init__(
-        self, runs: Callable[[], dict[str, RunTracker]], lag: Callable[[], dict[str, int]]
+        self, runs: Callable[[], dict[str, Run]], lag: Callable[[], dict[str, int]]
     ) -> None:
         self._runs, self._lag = runs, lag
 
@@ -42,16 +42,17 @@ class _LiveCollector(Collector):
         }
         completion = GaugeMetricFamily(
             "rewardstream_run_completion_ratio",
-            "consumed / expected rollouts of a run (NaN until its RunStarted arrives)",
+            "rollouts consumed here / expected rollouts of a run (NaN until its RunStarted "
+            "arrives); processors of one group each report their share: sum by run_id",
             labels=["run_id"],
         )
         tasks = GaugeMetricFamily(
             "rewardstream_run_tasks_complete",
-            "tasks with every expected rollout consumed",
+            "tasks with every expected rollout consumed (a share per processor, like completion)",
             labels=["run_id"],
         )
-        for run_id, tracker in self._runs().items():
-            for agent, live in tracker.state.live().items():
+        for run_id, run in self._runs().items():
+            for agent, live in run.live().items():
                 reward = live.columns.get("reward")
                 if reward is None or reward.count == 0:
                     continue
@@ -62,11 +63,11 @@ class _LiveCollector(Collector):
                     ("max", reward.max),
                 ):
                     stats[name].add_metric([run_id, agent], value)
-            expected = tracker.started.expected_rollouts if tracker.started else 0
+            expected = run.expected
             completion.add_metric(
-                [run_id], tracker.rollouts / expected if expected else float("nan")
+                [run_id], run.local_rollouts / expected if expected else float("nan")
             )
-            tasks.add_metric([run_id], tracker.tasks_complete())
+            tasks.add_metric([run_id], run.tasks_complete())
         yield from stats.values()
         yield completion
         yield tasks
@@ -83,7 +84,7 @@ class Metrics:
 
     def __init__(
         self,
-        runs: Callable[[], dict[str, RunTracker]],
+        runs: Callable[[], dict[str, Run]],
         lag: Callable[[], dict[str, int]] = dict,
         registry: CollectorRegistry | None = None,
     ) -> None:

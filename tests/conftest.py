@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from rewardstream import kafka_local
+from tests.processes import Processor
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +42,13 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
         return f"{prefix}-{test}-{uuid.uuid4().hex[:8]}"
 
     return make
+
+
+@pytest.fixture
+def processors() -> Iterator[list[Processor]]:
+    """Processor child processes a test starts; any still running are killed afterwards."""
+    started: list[Processor] = []
+    yield started
+    for p in started:
+        if p.proc.poll() is None:
+            p.kill(signal.SIGKILL)

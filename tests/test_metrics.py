@@ -33,8 +33,8 @@ def _pipeline(tmp_path: Path) -> tuple[Pipeline, Metrics]:
     case = next(c for c in golden_cases() if c.name == "multi_agent")
     events = golden_events(case, "m", finish=False)
     for kind, raw in events + events[:2]:  # two duplicates
-        tracker = pipeline.handle(kind, raw)
-        assert tracker is not None
+        run = pipeline.handle(kind, raw)
+        assert run is not None
     pipeline.handle("rollout", b"{bad")
     return pipeline, metrics
 
@@ -134,7 +134,7 @@ async def served(
 ) -> AsyncIterator[tuple[str, Pipeline]]:
     url, target = prometheus
     pipeline, metrics = _pipeline(tmp_path)
-    runner = await serve(make_app(pipeline, dict, metrics.registry), "127.0.0.1", target)
+    runner = await serve(make_app(pipeline, metrics.registry), "127.0.0.1", target)
     try:
         yield url, pipeline
     finally:

@@ -27,9 +27,9 @@ def test_events_in_any_order_give_the_golden_files(case: GoldenCase, tmp_path: P
         shuffled.append(evs[-1])  # "collection finished" comes last
     with Pipeline(tmp_path) as pipeline:
         for kind, raw in shuffled + shuffled[:3]:  # redelivered events count once
-            tracker = pipeline.handle(kind, raw)
-            assert tracker is not None
-            pipeline.maybe_finish(tracker)
+            run = pipeline.handle(kind, raw)
+            assert run is not None
+            pipeline.maybe_finish(run)
         assert pipeline.runs["run-1"].done
     for suffix in OUTPUT_SUFFIXES:
         name = f"{case.stem}{suffix}"

@@ -21,7 +21,6 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -47,6 +46,7 @@ from rewardstream.contract import (
 from rewardstream.errors import InputError, InvalidRow, LineError
 from rewardstream.kafka_local import free_port
 from tests.golden import GOLDEN
+from tests.processes import make_topics
 
 UniqueName = Callable[[str], str]
 BLACKJACK = GOLDEN / "blackjack" / "upstream"
@@ -54,22 +54,6 @@ needs_golden = pytest.mark.skipif(not BLACKJACK.exists(), reason="no goldens")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-async def make_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
-    """Data topics with ``partitions`` partitions, control with one (its order matters)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [
-                NewTopic(topics.inputs, num_partitions=partitions, replication_factor=1),
-                NewTopic(topics.rollouts, num_partitions=partitions, replication_factor=1),
-                NewTopic(topics.control, num_partitions=1, replication_factor=1),
-            ]
-        )
-    finally:
-        await admin.close()
 
 
 async def read_all(

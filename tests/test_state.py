@@ -57,7 +57,7 @@ def collections(draw: st.DrawFn) -> tuple[Rows, Rows]:
 def state_of(rows: Rows, results: Rows) -> ProfileState:
     state = ProfileState()
     for i, row in enumerate(rows):
-        state.add_input(row, i)
+        state.add_input(row, i, i)
     for result in results:
         state.add_result(result, agent=None)
     return state
@@ -83,7 +83,7 @@ def test_shards_merged_equal_one_pass(data: tuple[Rows, Rows], k: int, rnd: Any)
         part = ProfileState()
         for i, row in enumerate(rows):
             if i % k == shard:
-                part.add_input(row, i)
+                part.add_input(row, i, i)
         for j, result in enumerate(results):
             if (j * 7 + 3) % k == shard:
                 part.add_result(result)
@@ -94,10 +94,18 @@ def test_shards_merged_equal_one_pass(data: tuple[Rows, Rows], k: int, rnd: Any)
 @settings(max_examples=60, deadline=None)
 @given(collections(), st.randoms(use_true_random=False))
 def test_any_arrival_order_gives_identical_bytes(data: tuple[Rows, Rows], rnd: Any) -> None:
+    """Rows too may arrive in any order (several partitions): their file order is kept."""
     rows, results = data
     shuffled = list(results)
     rnd.shuffle(shuffled)
-    assert render(build_profile(state_of(rows, shuffled)), rows) == render(
+    arrival = list(enumerate(rows))
+    rnd.shuffle(arrival)
+    state = ProfileState()
+    for i, row in arrival:
+        state.add_input(row, i, i)
+    for result in shuffled:
+        state.add_result(result)
+    assert render(build_profile(state), rows) == render(
         build_profile(state_of(rows, results)), rows
     )
 
@@ -111,7 +119,7 @@ def test_prefix_partial_profile_equals_state_partial(
     cut = d.draw(st.integers(0, len(results)))
     state = ProfileState()
     for i, row in enumerate(rows):
-        state.add_input(row, i)
+        state.add_input(row, i, i)
     for result in results[:cut]:
         state.add_result(result)
     partial = render(build_profile(state, allow_partial=True), rows)  # what a snapshot shows
@@ -149,3 +157,20 @@ def test_live_stats_follow_agent_hint() -> None:
     live: RunningStats = state.live()["a"]
     assert live.rollouts == 2
     assert live.columns["reward"].mean == 0.5
+
+
+def test_rows_are_profiled_in_file_order_whatever_their_arrival() -> None:
+    """A server fronting two agents is labelled by the agent of its *first row in the file*
+    (spec §2.5), even when a later row arrives first (another partition was faster)."""
+    rows = [
+        {"agent_ref": {"name": a}, "_ng_environment_server": "env"}
+        | {"_ng_task_index": t, "_ng_rollout_index": 0}
+        for t, a in enumerate(("alpha", "beta"))
+    ]
+    state = ProfileState()
+    for line in (1, 0):
+        state.add_input(rows[line], line, line)
+    for t in (0, 1):
+        state.add_result({"reward": 1.0, "_ng_task_index": t, "_ng_rollout_index": 0})
+    labels = [e["agent_ref"]["name"] for e in build_profile(state).agent_metrics]
+    assert labels == ["alpha"]

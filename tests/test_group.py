@@ -1,0 +1,166 @@
+"""Several processors in one consumer group, as real processes: they split the partitions,
+snapshots and the final profile merge every unit's part, and a member killed with ``kill -9``
+and brought back loses and double-counts nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import orjson
+import pytest
+
+from bench.generate import generate
+from rewardstream.cli import main, ng_reward_profile
+from rewardstream.contract import Topics
+from tests.golden import OUTPUT_SUFFIXES, file_events
+from tests.processes import Processor, Runs, make_topics, send_events
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 4
+
+
+def _health(p: Processor) -> dict[str, object]:
+    """The member's ``/healthz`` (leader, owned units), or {} while it is starting."""
+    try:
+        with urllib.request.urlopen(f"{p.url}/healthz", timeout=5) as r:
+            body = orjson.loads(r.read())
+    except OSError:
+        return {}
+    assert isinstance(body, dict)
+    return body
+
+
+def _collection(tmp_path: Path, tasks: int, repeats: int) -> tuple[Path, Path]:
+    """A generated collection (three agents) and its batch profile next to it."""
+    data = tmp_path / "data"
+    generate(tasks=tasks, repeats=repeats, out=data / "r", text_bytes=100, seed=5)
+    inputs, rollouts = data / "r_materialized_inputs.jsonl", data / "r.jsonl"
+    argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
+    assert ng_reward_profile([*argv, "+quiet=true"]) == 0
+    return inputs, rollouts
+
+
+def _assert_batch_files(folder: Path, data: Path) -> None:
+    for suffix in OUTPUT_SUFFIXES:
+        assert (folder / f"r{suffix}").read_bytes() == (data / f"r{suffix}").read_bytes(), suffix
+
+
+def _done(run_id: str) -> Callable[[Runs], bool]:
+    return lambda runs: runs.get(run_id, {}).get("done") is True
+
+
+class Group(NamedTuple):
+    prefix: str
+    topics: Topics
+    members: list[Processor]
+    out: Path
+    log: Path
+
+
+@pytest.fixture
+def start_group(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> Callable[[], Group]:
+    """Factory: fresh topics and two processors of one group, once both own partitions."""
+
+    def start() -> Group:
+        prefix, out, log = unique_name("rs"), tmp_path / "out", tmp_path / "processors.log"
+        topics = Topics.for_prefix(prefix)
+        asyncio.run(make_topics(kafka_bootstrap, topics, PARTITIONS))
+        members = [Processor(kafka_bootstrap, prefix, out, log) for _ in range(2)]
+        processors.extend(members)
+
+        def split() -> bool:
+            units = [set(_health(p).get("units") or ()) for p in members]  # type: ignore[call-overload]
+            return all(units) and len(set.union(*units)) == 2 * PARTITIONS
+
+        for p in members:
+            p.wait(lambda _: split())
+        return Group(prefix, topics, members, out, log)
+
+    return start
+
+
+def test_two_processors_split_partitions_and_write_the_batch_profile(
+    kafka_bootstrap: str, tmp_path: Path, start_group: Callable[[], Group]
+) -> None:
+    inputs, rollouts = _collection(tmp_path, tasks=5000, repeats=4)  # 20,000 rollouts
+    prefix, _, group, out, log = start_group()
+    assert sorted(bool(_health(p)["leader"]) for p in group) == [False, True]
+
+    argv = ["publish", "--inputs", str(inputs), "--rollouts", str(rollouts)]
+    argv += ["--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--run-id", "run"]
+    assert main([*argv, "--quiet"]) == 0
+    for p in group:  # the non-leader learns it from the final mark
+        p.wait(_done("run"))
+    _assert_batch_files(out / "run", inputs.parent)
+
+    # any member's snapshot merges both members' parts: here, the whole run
+    follower = next(p for p in group if not _health(p)["leader"])
+    snap = tmp_path / "snap"
+    argv = ["snapshot", "--url", follower.url, "--run-id", "run", "--out", str(snap)]
+    assert main(argv) == 0
+    _assert_batch_files(snap, inputs.parent)
+    for p in group:
+        p.kill(signal.SIGTERM)
+        assert p.proc.returncode == 0, log.read_text()[-2000:]
+
+
+def test_member_killed_and_brought_back_counts_every_rollout_once(
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    processors: list[Processor],
+    start_group: Callable[[], Group],
+) -> None:
+    inputs, rollouts = _collection(tmp_path, tasks=500, repeats=4)
+    events = file_events(inputs, rollouts, "run", "r", finish=False)
+    n_in = sum(1 for k, _ in events if k == "input")
+    thirds = [n_in + i * (len(events) - n_in - 1) // 3 for i in (1, 2)]  # RunStarted is last
+    prefix, topics, group, out, log = start_group()
+    send_events(kafka_bootstrap, topics, events[: thirds[0]], "run")
+    group[0].wait(lambda runs: runs.get("run", {}).get("rollouts") == thirds[0] - n_in)
+    group[1].kill(signal.SIGKILL)  # its partitions move to the survivor, from its checkpoints
+    send_events(kafka_bootstrap, topics, events[thirds[0] : thirds[1]], "run")
+    back = Processor(kafka_bootstrap, prefix, out, log)  # rejoins: a second rebalance
+    processors.append(back)
+    send_events(kafka_bootstrap, topics, events[thirds[1] :], "run")
+    for p in (group[0], back):
+        p.wait(_done("run"))
+    _assert_batch_files(out / "run", inputs.parent)
+    runs = {**group[0].runs()["run"]}
+    assert runs["rollouts"] == runs["expected_rollouts"] == 2000
+
+
+def test_snapshot_mid_run_merges_the_members_parts(
+    kafka_bootstrap: str, tmp_path: Path, start_group: Callable[[], Group]
+) -> None:
+    inputs, rollouts = _collection(tmp_path, tasks=300, repeats=2)
+    events = file_events(inputs, rollouts, "run", "r", finish=False)
+    n_in = sum(1 for k, _ in events if k == "input")
+    consumed = 250
+    _, topics, group, _, _ = start_group()
+    send_events(kafka_bootstrap, topics, [*events[: n_in + consumed], events[-1]], "run")
+    for p in group:  # idle members checkpoint at once, so each sees the other's share
+        p.wait(lambda runs: runs.get("run", {}).get("rollouts") == consumed)
+
+    snap = tmp_path / "snap"
+    assert main(["snapshot", "--url", group[1].url, "--run-id", "run", "--out", str(snap)]) == 0
+    batch = tmp_path / "batch"
+    batch.mkdir()
+    shutil.copy(inputs, batch / inputs.name)
+    lines = rollouts.read_bytes().splitlines(keepends=True)[:consumed]
+    (batch / "r.jsonl").write_bytes(b"".join(lines))
+    argv = [f"+materialized_inputs_jsonl_fpath={batch / inputs.name}"]
+    argv += [f"+rollouts_jsonl_fpath={batch / 'r.jsonl'}", "++allow_partial_rollouts=True"]
+    assert ng_reward_profile([*argv, "+quiet=true"]) == 0
+    _assert_batch_files(snap, batch)
