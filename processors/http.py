@@ -8,12 +8,11 @@ body (the server never writes where a client asks).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from processors.pipeline import Pipeline
+from processors.pipeline import SNAPSHOT_MEDIA_TYPE, Pipeline
 
 __all__ = ["make_app", "serve"]
 
@@ -52,14 +51,7 @@ def make_app(pipeline: Pipeline, registry: CollectorRegistry | None) -> web.Appl
         except KeyError:
             raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}") from None
         snap = await asyncio.get_running_loop().run_in_executor(None, job)
-        body: dict[str, Any] = {
-            "run_id": snap.run_id,
-            "rollouts": snap.rollouts,
-            "inputs": snap.inputs,
-            "offsets": snap.offsets,
-            "files": {name: data.decode() for name, data in snap.files.items()},
-        }
-        return web.json_response(body)
+        return web.Response(body=snap.to_bytes(), content_type=SNAPSHOT_MEDIA_TYPE)
 
     app = web.Application(client_max_size=1 << 20)
     app.router.add_get("/healthz", health)

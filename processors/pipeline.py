@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+import orjson
 from pydantic import ValidationError
 
 from processors.checkpoint import CheckpointStore, Manifest
@@ -31,7 +32,7 @@ from rewardstream.errors import RewardstreamError
 from sinks.files import ProfilePaths, render_files, write_profile
 from sinks.metrics import Metrics
 
-__all__ = ["EventKind", "Pipeline", "Rejected", "Snapshot"]
+__all__ = ["SNAPSHOT_MEDIA_TYPE", "EventKind", "Pipeline", "Rejected", "Snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ class Rejected(NamedTuple):
     raw: bytes
 
 
+SNAPSHOT_MEDIA_TYPE = "application/vnd.rewardstream.snapshot"
+
+
 class Snapshot(NamedTuple):
     """A partial profile: what ``ng_reward_profile ++allow_partial_rollouts=True`` would write
     for exactly the ``rollouts`` results (and ``inputs`` rows) it covers, and the next offset
@@ -58,6 +62,26 @@ class Snapshot(NamedTuple):
     inputs: int
     offsets: dict[str, int]
     files: dict[str, bytes]
+
+    def to_bytes(self) -> bytes:
+        """The wire form: one JSON line of metadata (files as [name, size]), then the files'
+        bytes back to back. The files are large (~3 KB per task): framing them raw avoids
+        escaping and parsing hundreds of MB of JSON strings."""
+        head = self._asdict() | {"files": [[n, len(d)] for n, d in self.files.items()]}
+        return b"".join(
+            [orjson.dumps(head, option=orjson.OPT_APPEND_NEWLINE), *self.files.values()]
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Snapshot:
+        end = data.index(b"\n")
+        head = orjson.loads(data[:end])
+        files, at = {}, end + 1
+        for name, size in head.pop("files"):
+            files[name], at = data[at : at + size], at + size
+        if at != len(data):
+            raise ValueError(f"snapshot body has {len(data) - at} bytes past its files")
+        return cls(**head, files=files)
 
 
 class Pipeline:

@@ -68,20 +68,48 @@ class SampleSpill:
         return offset
 
     def sample(self, offset: int) -> bytes:
-        chunks = []
+        chunks, size = [], 4096  # most rows fit the first read; long ones grow it
         while True:
-            chunk = os.pread(self._fd, 1 << 16, offset)
+            chunk = os.pread(self._fd, size, offset)
             end = chunk.find(b"\n")
             if end >= 0 or not chunk:
                 chunks.append(chunk[:end] if end >= 0 else chunk)
                 return b"".join(chunks)
             chunks.append(chunk)
             offset += len(chunk)
+            size = min(size * 4, 1 << 20)
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class _KeySet:
+    """The (task, rollout) keys seen: a bitmask of rollout indices per task.
+
+    Rollouts of a task are numbered 0..n-1, so a task's mask is a small int: ~15 B per key
+    where a set of tuples costs ~120 B. Indices outside [0, 4096) (never written by NeMo Gym,
+    but legal) go to a plain set, so no mask grows without bound.
+    """
+
+    def __init__(self) -> None:
+        self._masks: dict[int, int] = {}
+        self._other: set[tuple[int, int]] = set()
+
+    def add(self, task: int, rollout: int) -> bool:
+        """Record the key; False when it was already there."""
+        if not 0 <= rollout < 4096:
+            if (task, rollout) in self._other:
+                return False
+            self._other.add((task, rollout))
+            return True
+        mask = self._masks.get(task, 0)
+        bit = 1 << rollout
+        if mask & bit:
+            return False
+        self._masks[task] = mask | bit
+        return True
 
 
 class Part:
@@ -90,7 +118,7 @@ class Part:
     def __init__(self, spill_path: Path) -> None:
         self.state = ProfileState()
         self.duplicates = 0
-        self._keys: set[tuple[int, int]] = set()
+        self._keys = _KeySet()
         self._spill_path = spill_path
         self.spill: SampleSpill | None = None  # opened by the first input row
 
@@ -104,24 +132,20 @@ class Part:
 
     def add_input(self, event: InputEvent) -> bool:
         """Record one materialized row; False when it was seen before."""
-        key = row_key(event.row)
-        if key in self._keys:
+        if not self._keys.add(*row_key(event.row)):
             self.duplicates += 1
             return False
         if self.spill is None:
             self.spill = SampleSpill(self._spill_path)
-        self._keys.add(key)
         self.state.add_input(event.row, self.spill.append(event.row), event.line)
         return True
 
     def add_rollout(self, event: RolloutEvent) -> bool:
         """Record one rollout; False when it was seen before."""
-        key = (event.task, event.rollout)
-        if key in self._keys:
+        record = extract_result(event.result, event.task, event.rollout)
+        if not self._keys.add(event.task, event.rollout):
             self.duplicates += 1
             return False
-        record = extract_result(event.result, event.task, event.rollout)
-        self._keys.add(key)
         self.state.add_record(event.task, event.rollout, record, event.agent)
         return True
 

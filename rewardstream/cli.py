@@ -150,23 +150,38 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 _OUTPUT_LABELS = ("Reward profiling outputs", "Agent-level metrics", "Repeat-level metrics")
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from producers.demo import run_demo
+
+    bootstrap = None if args.bootstrap is None else ":".join(map(str, args.bootstrap))
+    run_demo(
+        Path(args.output_dir), bootstrap, args.topic_prefix, args.repeats, args.parallel, args.limit
+    )
+    return 0
+
+
 def _cmd_snapshot(args: argparse.Namespace) -> int:
+    from processors.pipeline import Snapshot
+
     url = f"{args.url.rstrip('/')}/runs/{urllib.parse.quote(args.run_id, safe='')}/snapshot"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=600) as r:
-            body = orjson.loads(r.read())
+            body = r.read()
+        snap = Snapshot.from_bytes(body)
     except urllib.error.HTTPError as exc:
         raise InputError(
             f"snapshot failed: HTTP {exc.code} {exc.read().decode(errors='replace')}"
         ) from None
     except urllib.error.URLError as exc:
         raise InputError(f"cannot reach {args.url}: {exc.reason}") from None
+    except (ValueError, TypeError, KeyError) as exc:  # not our framing: another server?
+        raise InputError(f"{url} did not answer with a snapshot: {exc!r}"[:300]) from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_files([(out / Path(name).name, [text.encode()]) for name, text in body["files"].items()])
+    write_files([(out / Path(name).name, [data]) for name, data in snap.files.items()])
     print(
-        f"snapshot run_id={body['run_id']} rollouts={body['rollouts']} inputs={body['inputs']} "
-        f"offsets={orjson.dumps(body['offsets']).decode()} -> {out}"
+        f"snapshot run_id={snap.run_id} rollouts={snap.rollouts} inputs={snap.inputs} "
+        f"offsets={orjson.dumps(snap.offsets).decode()} -> {out}"
     )
     return 0
 
@@ -208,6 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
     sn.add_argument("--run-id", required=True)
     sn.add_argument("--out", required=True, help="folder for the three profile files")
     sn.set_defaults(func=_cmd_snapshot)
+    dm = sub.add_parser(
+        "demo", help="start the bundled servers, collect the bundled dataset, profile it live"
+    )
+    dm.add_argument("--output-dir", default="demo-output", help="default ./demo-output")
+    dm.add_argument("--bootstrap", type=_host_port, help="go through Kafka at HOST:PORT")
+    dm.add_argument("--topic-prefix", default="rewardstream", help="with --bootstrap")
+    dm.add_argument("--repeats", type=int, default=4, help="rollouts per task (4)")
+    dm.add_argument("--parallel", type=int, default=32, help="rollouts in flight (32)")
+    dm.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    dm.set_defaults(func=_cmd_demo)
     publish_cli.add_parser(sub)
     kafka_local.add_parser(sub)
     return parser

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from processors.pipeline import Pipeline, Rejected
+from processors.pipeline import Pipeline, Rejected, Snapshot
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 
 CASES = (
@@ -45,3 +45,11 @@ def test_bad_events_are_rejected_with_reason(tmp_path: Path) -> None:
     assert [r.kind for r in rejected] == ["rollout", "input", "control"]
     assert "_ng_task_index" in rejected[1].reason
     assert rejected[0].raw == b"not json"
+
+
+def test_snapshot_wire_form_round_trips_and_rejects_other_bodies() -> None:
+    snap = Snapshot("r", 3, 4, {"rollout-0": 9}, {"a.jsonl": b'{"x":1}\n', "b.json": b"[]"})
+    assert Snapshot.from_bytes(snap.to_bytes()) == snap
+    for body in (b'{"status":"ok"}', snap.to_bytes() + b"x", b"<html>"):
+        with pytest.raises((ValueError, TypeError, KeyError)):
+            Snapshot.from_bytes(body)

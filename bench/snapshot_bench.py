@@ -1,0 +1,101 @@
+"""Snapshot latency and memory held per rollout, at the issue's scale (100,000 tasks x 8).
+
+    python -m bench.snapshot_bench [--tasks 100000] [--repeats 8] [--runs 3]
+
+Feeds a generated collection through the processor's :class:`Pipeline` in process (the
+snapshot is processor-side work; Kafka adds nothing to it), then times ``POST
+/runs/<id>/snapshot`` on the real HTTP endpoint, end to end (state copy, profile build,
+``sample`` read-back, rendering, response), while the run is incomplete (one rollout per task
+is held back, so it is a partial profile). Memory held per rollout is the RSS growth while
+ingesting, divided by the rollouts ingested (inputs included: the state needs them too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.generate import generate
+from processors.http import make_app, serve
+from processors.pipeline import Pipeline
+from producers.events import input_events, rollout_events
+from rewardstream.contract import RunStarted, encode
+from rewardstream.kafka_local import free_port
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        generate(a.tasks, a.repeats, work / "r", text_bytes=64, seed=0)
+        inputs = list(input_events(work / "r_materialized_inputs.jsonl", "run"))
+        rollouts = [e for e in rollout_events(work / "r.jsonl", "run")]
+        held_back = {e.key for e in rollouts}  # one rollout per task stays out: a partial run
+        kept = []
+        for e in reversed(rollouts):
+            if e.key in held_back:
+                held_back.discard(e.key)
+            else:
+                kept.append(e)
+        with Pipeline(work / "out") as pipeline:
+            gc.collect()
+            before = rss_bytes()
+            t0 = time.perf_counter()
+            for e in inputs:
+                pipeline.handle(e.kind, e.value)
+            started = RunStarted(run_id="run", expected_rollouts=len(inputs), output_stem="r")
+            pipeline.handle("control", encode(started))
+            for e in kept:
+                pipeline.handle(e.kind, e.value)
+            ingest = time.perf_counter() - t0
+            gc.collect()
+            held = rss_bytes() - before
+            print(
+                f"ingested {len(inputs):,} inputs + {len(kept):,} rollouts in {ingest:.1f} s; "
+                f"RSS growth {held / 2**20:,.0f} MiB = {held / len(kept):,.0f} B per rollout"
+            )
+            asyncio.run(_snapshots(pipeline, a.runs, len(kept)))
+
+
+async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int) -> None:
+    port = free_port()
+    runner = await serve(make_app(pipeline, None), "127.0.0.1", port)
+    url = f"http://127.0.0.1:{port}/runs/run/snapshot"
+    try:
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            body = await asyncio.to_thread(_post, url)
+            times.append(time.perf_counter() - t0)
+            print(
+                f"snapshot of {rollouts:,} rollouts: {times[-1]:.2f} s, {len(body) / 2**20:.0f} MiB"
+            )
+        print(f"median {statistics.median(times):.2f} s over {runs} runs")
+    finally:
+        await runner.cleanup()
+
+
+def _post(url: str) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=600) as r:
+        return bytes(r.read())
+
+
+if __name__ == "__main__":
+    main()

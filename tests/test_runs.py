@@ -1,0 +1,34 @@
+"""Parts deduplicate by (task, rollout), whatever the indices, and merge with their samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from processors.runs import Part, merge_parts
+from rewardstream.contract import InputEvent, RolloutEvent
+
+
+def _rollout(task: int, rollout: int) -> RolloutEvent:
+    result = {"reward": float(rollout), "_ng_task_index": task, "_ng_rollout_index": rollout}
+    return RolloutEvent(run_id="r", task=task, rollout=rollout, result=result, published_at=0.0)
+
+
+@pytest.mark.parametrize("rollout", [0, 63, 64, 4095, 4096, 10**12, -1, -(2**63)])
+def test_a_key_counts_once_whatever_its_rollout_index(tmp_path: Path, rollout: int) -> None:
+    part = Part(tmp_path / "s.jsonl")
+    assert part.add_rollout(_rollout(7, rollout))
+    assert not part.add_rollout(_rollout(7, rollout))
+    assert part.add_rollout(_rollout(8, rollout))  # same index, other task
+    assert (part.rollouts, part.duplicates) == (2, 1)
+
+
+def test_merged_parts_read_each_sample_from_its_own_spill(tmp_path: Path) -> None:
+    parts = [Part(tmp_path / f"{i}.jsonl") for i in range(3)]
+    for i, part in enumerate(parts):
+        row = {"q": f"row {i}", "_ng_task_index": i, "_ng_rollout_index": 0}
+        assert part.add_input(InputEvent(run_id="r", line=i, row=row))
+    merged = merge_parts(parts)
+    locators = merged.state.column(merged.state.in_locator).tolist()
+    assert [merged.sample(loc) for loc in locators] == [b'{"q":"row %d"}' % i for i in range(3)]
