@@ -487,6 +487,8 @@ def _agent_metrics(
 
 def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     """The profile NeMo Gym 0.7.0 would write for the rows and results in ``state``."""
+    if state.info_taken:
+        raise ValueError("build_profile needs the rollout infos taken from the state merged back")
     inputs = _Inputs.of(state)
     keys = _align(state, inputs, allow_partial)
     names = state.names

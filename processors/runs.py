@@ -28,46 +28,49 @@ from processors.state import LOCATOR_BITS, ProfileState, row_key
 from processors.welford import RunningStats
 from rewardstream.contract import InputEvent, RolloutEvent, RunStarted
 
-__all__ = ["Counts", "Merged", "Part", "Run", "SampleSpill", "Unit", "merge_parts"]
+__all__ = ["Counts", "Merged", "Part", "Run", "Spill", "Unit", "merge_parts"]
 
 
-class SampleSpill:
-    """Append-only file of ``sample`` rows (one JSON line each), addressed by byte offset.
+class Spill:
+    """An append-only file of bytes addressed by offset: ``sample`` rows (one JSON line each)
+    of input parts, ``rollout_infos`` entries of rollout parts, which memory need not hold.
 
     Writes are unbuffered and reads use ``pread``, so a snapshot thread (or another processor)
-    can read samples while the owner keeps appending. Only the owner writes: a spill unpickled
-    from a checkpoint is read-only until :meth:`claim` cuts it back to the checkpointed length.
+    can read while the owner keeps appending. Only the owner writes: a spill unpickled from a
+    checkpoint is read-only until :meth:`claim` cuts it back to the checkpointed length.
     """
 
     def __init__(self, path: Path, size: int = 0, owner: bool = True) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self._size, self._fd = path, size, -1
+        self.path, self.size, self._fd = path, size, -1
         self._open(owner)
 
     def _open(self, owner: bool) -> None:
         if owner:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-            os.ftruncate(self._fd, self._size)  # drop what came after the checkpoint
+            os.ftruncate(self._fd, self.size)  # drop what came after the checkpoint
         else:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o600)
 
-    def __reduce__(self) -> tuple[type[SampleSpill], tuple[Path, int, bool]]:
-        return (SampleSpill, (self.path, self._size, False))  # the length, not the fd
+    def __reduce__(self) -> tuple[type[Spill], tuple[Path, int, bool]]:
+        return (Spill, (self.path, self.size, False))  # the length, not the fd
 
     def claim(self) -> None:
         """Become the writer (after taking over a unit from a checkpoint)."""
         self.close()
         self._open(owner=True)
 
-    def append(self, row: dict[str, object]) -> int:
-        sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
-        data = orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE)
-        offset = self._size
+    def append(self, data: bytes) -> int:
+        offset = self.size
         os.write(self._fd, data)
-        self._size += len(data)
+        self.size += len(data)
         return offset
 
-    def sample(self, offset: int) -> bytes:
+    def read(self, offset: int, size: int) -> bytes:
+        return os.pread(self._fd, size, offset)
+
+    def line(self, offset: int) -> bytes:
+        """The line at ``offset``, without its newline."""
         chunks, size = [], 4096  # most rows fit the first read; long ones grow it
         while True:
             chunk = os.pread(self._fd, size, offset)
@@ -112,15 +115,27 @@ class _KeySet:
         return True
 
 
+_INFO_CHUNK = 1 << 20  # rollout_infos bytes a part holds before it moves them to its spill
+
+
 class Part:
-    """One unit's events of one run, each applied once."""
+    """One unit's events of one run, each applied once.
+
+    Its spill holds the ``sample`` rows of an input part, the ``rollout_infos`` entries of a
+    rollout part (moved there a MiB at a time): memory keeps only the numbers.
+    """
 
     def __init__(self, spill_path: Path) -> None:
         self.state = ProfileState()
         self.duplicates = 0
         self._keys = _KeySet()
         self._spill_path = spill_path
-        self.spill: SampleSpill | None = None  # opened by the first input row
+        self.spill: Spill | None = None  # opened by the first event
+
+    def _spill(self) -> Spill:
+        if self.spill is None:
+            self.spill = Spill(self._spill_path)
+        return self.spill
 
     @property
     def inputs(self) -> int:
@@ -135,9 +150,10 @@ class Part:
         if not self._keys.add(*row_key(event.row)):
             self.duplicates += 1
             return False
-        if self.spill is None:
-            self.spill = SampleSpill(self._spill_path)
-        self.state.add_input(event.row, self.spill.append(event.row), event.line)
+        row = event.row
+        sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
+        locator = self._spill().append(orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE))
+        self.state.add_input(row, locator, event.line)
         return True
 
     def add_rollout(self, event: RolloutEvent) -> bool:
@@ -147,10 +163,21 @@ class Part:
             self.duplicates += 1
             return False
         self.state.add_record(event.task, event.rollout, record, event.agent)
+        if len(self.state.info_pool) >= _INFO_CHUNK:
+            self._spill().append(self.state.take_infos())
         return True
 
+    def taken_infos(self) -> bytes:
+        """The ``rollout_infos`` entries moved to the spill (what :meth:`ProfileState.merge`
+        needs with this part's state)."""
+        if not self.state.info_taken:
+            return b""
+        assert self.spill is not None
+        return self.spill.read(0, self.state.info_taken)
+
     def copy(self) -> Part:
-        """A copy of the state (for a snapshot) that reads samples from the same spill."""
+        """A copy of the state (for a snapshot) that reads from the same spill (append-only,
+        so what the copy covers stays there)."""
         clone = Part(self._spill_path)
         clone.state, clone.spill = self.state.copy(), self.spill
         return clone
@@ -173,7 +200,7 @@ class Unit:
     def part(self, run_id: str) -> Part:
         part = self.parts.get(run_id)
         if part is None:
-            spill = self.folder / run_id / ".state" / f"{self.name}.samples.jsonl"
+            spill = self.folder / run_id / ".state" / f"{self.name}.spill"
             part = self.parts[run_id] = Part(spill)
         return part
 
@@ -270,15 +297,16 @@ class Merged(NamedTuple):
 
 def merge_parts(parts: Iterable[Part]) -> Merged:
     """One state from many parts (copies: the parts may keep growing)."""
-    state, spills = ProfileState(), list[SampleSpill | None]()
+    state, spills = ProfileState(), list[Spill | None]()
     for part in parts:
-        state.merge(part.state, locator_shift=len(spills) << LOCATOR_BITS)
+        shift = len(spills) << LOCATOR_BITS
+        state.merge(part.state, locator_shift=shift, taken_infos=part.taken_infos())
         spills.append(part.spill)
     mask = (1 << LOCATOR_BITS) - 1
 
     def sample(locator: int) -> bytes:
         spill = spills[locator >> LOCATOR_BITS]
         assert spill is not None, "an input row without its spill"
-        return spill.sample(locator & mask)
+        return spill.line(locator & mask)
 
     return Merged(state, sample)

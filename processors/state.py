@@ -69,8 +69,9 @@ class ProfileState:
         self.res_schema = array("i")
         self.res_masked = array("b")
         self.pool = array("d")
-        self.info_pool = bytearray()
-        self.info_end = array("q")
+        self.info_pool = bytearray()  # rollout_infos entries not yet taken (take_infos)
+        self.info_taken = 0  # bytes of entries taken out before info_pool's first byte
+        self.info_end = array("q")  # end of each result's entry, counted from the first entry
         self.schemas: list[tuple[tuple[str, ...], tuple[bool, ...]]] = []
         self._schema_ids: dict[tuple[tuple[str, ...], tuple[bool, ...]], int] = {}
         self.res_agent = array("i")  # live-stats agent hint per result (name id, -1: none)
@@ -126,14 +127,33 @@ class ProfileState:
         self.res_agent.append(self._name_id(agent))
         self.pool.extend(record.values)
         self.info_pool += record.info
-        self.info_end.append(len(self.info_pool))
+        self.info_end.append(self.info_taken + len(self.info_pool))
 
-    def merge(self, other: ProfileState, locator_shift: int = 0) -> None:
+    def take_infos(self) -> bytes:
+        """Hand over the ``rollout_infos`` entries held so far (a caller keeps them on disk);
+        offsets stay as they were, so :meth:`merge` needs them back as ``taken_infos``."""
+        taken = bytes(self.info_pool)
+        self.info_taken += len(taken)
+        self.info_pool = bytearray()
+        return taken
+
+    def merge(
+        self, other: ProfileState, locator_shift: int = 0, taken_infos: bytes | None = b""
+    ) -> None:
         """Fold another state (e.g. another shard's) into this one.
 
         ``locator_shift`` is added to the other's locators, so parts whose ``sample`` rows live
-        in different files can say which file (see :data:`LOCATOR_BITS`).
+        in different files can say which file (see :data:`LOCATOR_BITS`). ``taken_infos`` are
+        the other's entries given away by :meth:`take_infos`, its first ``info_taken`` bytes;
+        None (only into an empty state: :meth:`copy`) leaves them taken.
         """
+        if taken_infos is None:
+            assert self.num_results == 0, "taken entries stay taken only in a copy"
+            self.info_taken, info_base, taken_infos = other.info_taken, 0, b""
+        elif len(taken_infos) != other.info_taken:
+            raise ValueError(f"merge needs {other.info_taken} bytes of taken rollout infos")
+        else:
+            info_base = self.info_taken + len(self.info_pool)
         remap = np.array([self._name_id(n) for n in other.names] + [_NO_NAME], dtype=np.int32)
         pairs = (
             (self.in_agent, other.in_agent),
@@ -156,13 +176,13 @@ class ProfileState:
                 ident = self._schema_ids[shape] = len(self.schemas)
                 self.schemas.append(shape)
             schema_map.append(ident)
-        info_base = len(self.info_pool)
         self.res_task.extend(other.res_task)
         self.res_rollout.extend(other.res_rollout)
         mapped = np.array(schema_map, dtype=np.int32)[np.frombuffer(other.res_schema, np.int32)]
         self.res_schema.extend(array("i", mapped.tobytes()))
         self.res_masked.extend(other.res_masked)
         self.pool.extend(other.pool)
+        self.info_pool += taken_infos
         self.info_pool += other.info_pool
         shifted = np.frombuffer(other.info_end, np.int64) + info_base
         self.info_end.extend(array("q", shifted.tobytes()))
@@ -206,9 +226,13 @@ class ProfileState:
         return np.cumsum(widths) - widths, int(widths.sum())
 
     def copy(self) -> ProfileState:
-        """An independent copy (a snapshot can be built from it while ingestion goes on)."""
+        """An independent copy (a snapshot can be built from it while ingestion goes on).
+
+        Entries taken by :meth:`take_infos` stay taken: the copy has the same ``info_taken``
+        and the same offsets, so it merges with the same ``taken_infos``.
+        """
         clone = ProfileState()
-        clone.merge(self)
+        clone.merge(self, taken_infos=None)
         return clone
 
     # -- read-only views for the profile builder --------------------------------------------

@@ -152,6 +152,7 @@ def test_snapshot_mid_run_merges_the_members_parts(
     send_events(kafka_bootstrap, topics, [*events[: n_in + consumed], events[-1]], "run")
     for p in group:  # idle members checkpoint at once, so each sees the other's share
         p.wait(lambda runs: runs.get("run", {}).get("rollouts") == consumed)
+        p.wait(lambda runs: runs["run"]["expected_rollouts"] is not None)  # RunStarted read
 
     snap = tmp_path / "snap"
     assert main(["snapshot", "--url", group[1].url, "--run-id", "run", "--out", str(snap)]) == 0

@@ -32,3 +32,21 @@ def test_merged_parts_read_each_sample_from_its_own_spill(tmp_path: Path) -> Non
     merged = merge_parts(parts)
     locators = merged.state.column(merged.state.in_locator).tolist()
     assert [merged.sample(loc) for loc in locators] == [b'{"q":"row %d"}' % i for i in range(3)]
+
+
+def test_rollout_infos_moved_to_the_spill_come_back_in_the_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("processors.runs._INFO_CHUNK", 200)  # move them every few rollouts
+    rows = [{"q": t, "_ng_task_index": t, "_ng_rollout_index": r} for t in range(5) for r in (0, 1)]
+    inputs, held, spilled = Part(tmp_path / "in"), Part(tmp_path / "a"), Part(tmp_path / "b")
+    for line, row in enumerate(rows):
+        inputs.add_input(InputEvent(run_id="r", line=line, row=row))
+    for row in rows:
+        event = _rollout(row["_ng_task_index"], row["_ng_rollout_index"])
+        held.state.add_result(event.result)
+        spilled.add_rollout(event)
+    assert spilled.state.info_taken > 0
+    whole, parted = merge_parts([inputs, held]), merge_parts([inputs, spilled.copy()])
+    assert bytes(parted.state.info_pool) == bytes(whole.state.info_pool)
+    assert parted.state.info_end == whole.state.info_end
