@@ -44,17 +44,17 @@ class CompletionSummary(NamedTuple):
     missing_input_rows: int
 
 
-@dataclass(frozen=True)
-class TaskRow:
+class TaskRow(NamedTuple):
     """One ``_reward_profiling.jsonl`` line, with its ``sample`` still to be read back.
 
-    ``members`` are the group's result indices in rollout order (their ``rollout_infos``).
+    ``infos`` are the (start, end) spans of the group's ``rollout_infos`` entries in the
+    profile's ``info_pool``, in rollout order.
     """
 
     head: dict[str, Any]
     sample_locator: int
     tail: dict[str, Any]
-    members: I64
+    infos: list[tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Profile:
     """Everything ``ng_reward_profile`` writes and prints.
 
     ``info_pool`` is the state's append-only buffer of serialized ``rollout_infos`` entries,
-    shared rather than copied; result ``i``'s entry is ``info_pool[info_start[i]:info_end[i]]``.
+    shared rather than copied; task rows address their entries in it by span.
     """
 
     task_rows: TaskRows
@@ -89,13 +89,10 @@ class Profile:
     summary: CompletionSummary
     masked_rollouts: int
     info_pool: bytearray
-    info_start: I64
-    info_end: I64
 
     def render(self, row: TaskRow, sample: bytes) -> bytes:
         """One task row's line, given its serialized sample row."""
-        pool, m = self.info_pool, row.members
-        spans = zip(self.info_start[m].tolist(), self.info_end[m].tolist(), strict=True)
+        pool, spans = self.info_pool, row.infos
         line = dict(row.head)
         line["sample"] = orjson.Fragment(sample)
         line.update(row.tail)
@@ -419,7 +416,13 @@ class _Rollouts(NamedTuple):
 
 
 def _task_rows(
-    names: list[str], locator: I64, r: _Rollouts, m_task: I64, m_label: I64, fan_out: bool
+    names: list[str],
+    locator: I64,
+    info_spans: I64,
+    r: _Rollouts,
+    m_task: I64,
+    m_label: I64,
+    fan_out: bool,
 ) -> TaskRows:
     """Group by task, or by (task, label) under fan-out (spec §2.5, §2.8); rows built lazily."""
     if fan_out:
@@ -443,22 +446,23 @@ def _task_rows(
     stats = _describe_segments(r.frame.values, keep, starts, sizes)
 
     def make_rows() -> Iterator[TaskRow]:
-        firsts = group_key[starts].tolist()
+        # per-group values as lists up front: one numpy call each instead of a few per row
+        firsts, first_l, size_l = group_key[starts].tolist(), starts.tolist(), sizes.tolist()
+        samples = locator[r.row[keep[starts]]].tolist()
+        spans = info_spans[r.result[keep]]
         for g, head in enumerate(_stat_dicts(stats, r.frame.columns, r.frame.all_int)):
-            (task, lab), first = firsts[g], int(starts[g])
-            members = keep[first : first + int(sizes[g])]
+            (task, lab), first, num = firsts[g], first_l[g], size_l[g]
             head = {"_ng_task_index": task} | head
             if fan_out:
                 head["agent_ref"] = {"name": names[lab]}
-            num, exp = len(members), expected[(task, lab)]
+            exp = expected[(task, lab)]
             tail = {
                 "num_rollouts": num,
                 "expected_num_rollouts": exp,
                 "missing_num_rollouts": exp - num,
                 "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
             }
-            sample = int(locator[r.row[members[0]]])
-            yield TaskRow(head, sample, tail, r.result[members])
+            yield TaskRow(head, samples[g], tail, spans[first : first + num].tolist())
 
     return TaskRows(len(starts), make_rows)
 
@@ -530,7 +534,9 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         label=row_label[r_row],
         frame=_frame(state, results),
     )
-    task_rows = _task_rows(names, inputs.locator, rollouts, m_task, m_label, fan_out)
+    info_end = state.column(state.info_end)
+    info_spans = np.stack([np.r_[0, info_end][:-1].astype(np.int64), info_end], axis=1)
+    task_rows = _task_rows(names, inputs.locator, info_spans, rollouts, m_task, m_label, fan_out)
     agent_metrics, repeat_metrics = _agent_metrics(names, rollouts)
 
     # coverage keys, from every matched result in key order (spec §2.4)
@@ -542,7 +548,6 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         else:
             agent_metrics.append({"agent_ref": {"name": names[ag]}} | cov)
 
-    info_end = state.column(state.info_end)
     return Profile(
         task_rows=task_rows,
         agent_metrics=agent_metrics,
@@ -550,6 +555,4 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         summary=summary,
         masked_rollouts=int(res_masked.sum()),
         info_pool=state.info_pool,
-        info_start=np.r_[0, info_end[:-1]].astype(np.int64),
-        info_end=info_end,
     )
