@@ -15,6 +15,7 @@ Framework-free: the Kafka processor and the in-process pipeline both feed decode
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -81,6 +82,19 @@ class Spill:
             chunks.append(chunk)
             offset += len(chunk)
             size = min(size * 4, 1 << 20)
+
+    def lines(self) -> Callable[[int], bytes]:
+        """A reader of the lines written so far, by offset, through a memory map (a profile
+        reads one per task: ~10x cheaper than a ``pread`` each)."""
+        if not self.size:
+            return self.line
+        view = mmap.mmap(self._fd, self.size, prot=mmap.PROT_READ)  # unmapped when collected
+
+        def line(offset: int) -> bytes:
+            end = view.find(b"\n", offset)
+            return view[offset : end if end >= 0 else self.size]
+
+        return line
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -297,16 +311,16 @@ class Merged(NamedTuple):
 
 def merge_parts(parts: Iterable[Part]) -> Merged:
     """One state from many parts (copies: the parts may keep growing)."""
-    state, spills = ProfileState(), list[Spill | None]()
+    state, readers = ProfileState(), list[Callable[[int], bytes] | None]()
     for part in parts:
-        shift = len(spills) << LOCATOR_BITS
+        shift = len(readers) << LOCATOR_BITS
         state.merge(part.state, locator_shift=shift, taken_infos=part.taken_infos())
-        spills.append(part.spill)
+        readers.append(part.spill.lines() if part.spill and part.state.num_inputs else None)
     mask = (1 << LOCATOR_BITS) - 1
 
     def sample(locator: int) -> bytes:
-        spill = spills[locator >> LOCATOR_BITS]
-        assert spill is not None, "an input row without its spill"
-        return spill.line(locator & mask)
+        read = readers[locator >> LOCATOR_BITS]
+        assert read is not None, "an input row without its spill"
+        return read(locator & mask)
 
     return Merged(state, sample)
