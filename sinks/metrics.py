@@ -114,7 +114,12 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_LiveCollector(runs, lag))
+        self._consumed: dict[str | None, Counter] = {}  # children by agent: labels() is slow
 
     def rollout(self, agent: str | None, published_at: float) -> None:
-        self.rollouts.labels(agent or "").inc()
+        """Count one consumed rollout and its publish-to-visible latency (per event: cheap)."""
+        child = self._consumed.get(agent)
+        if child is None:
+            child = self._consumed[agent] = self.rollouts.labels(agent or "")
+        child.inc()
         self.latency.observe(max(0.0, time.time() - published_at))
