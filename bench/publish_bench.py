@@ -6,7 +6,7 @@ Publishes ``<data>_materialized_inputs.jsonl`` and ``<data>.jsonl`` (generated w
 bench/generate.py when missing: ``--tasks``/``--repeats``) to fresh topics per run. Without
 ``--bootstrap`` it starts its own broker (:class:`rewardstream.kafka_local.LocalBroker`) and
 also reports the broker's CPU time, since on a small machine the broker competes with the
-publisher for the same cores.
+publisher for the same cores. Publisher CPU counts its encoder processes too (shown apart).
 
 The overall rate counts the whole publish (inputs included, acknowledgements awaited). A run
 with an empty rollouts file measures the inputs alone; the rollouts-phase rate divides by the
@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,12 @@ from rewardstream.contract import Topics
 from rewardstream.kafka_local import LocalBroker
 
 HERE = Path(__file__).resolve().parent
+
+
+def _children_cpu() -> float:
+    """User + system CPU of this process's reaped children (the publisher's encoders)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -53,9 +60,10 @@ class _Meter:
     def run(self, inputs: Path, rollouts: Path, bootstrap: str) -> tuple[PublishReport, str]:
         load = os.getloadavg()[0]
         broker_cpu = _cpu_seconds(self.pid) if self.pid else 0.0
-        cpu = time.process_time()
+        cpu, encoders = time.process_time(), _children_cpu()
         report = _run(inputs, rollouts, bootstrap)
-        text = f"publisher cpu {time.process_time() - cpu:.1f} s"
+        cpu, encoders = time.process_time() - cpu, _children_cpu() - encoders
+        text = f"publisher cpu {cpu + encoders:.1f} s ({encoders:.1f} s in encoders)"
         if self.pid:
             text += f", broker cpu {_cpu_seconds(self.pid) - broker_cpu:.1f} s"
         return report, f"{text}; load before {load:.2f}"

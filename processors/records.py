@@ -15,6 +15,8 @@ from rewardstream.errors import InvalidRow
 __all__ = ["ResultRecord", "extract_result"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_SPECIAL = frozenset(("reward", "mask_sample", "response"))  # slim_result's special keys
+_NUMBERS = frozenset((bool, int, float))  # by exact type: what slim_result keeps
 
 
 class ResultRecord(NamedTuple):
@@ -116,27 +118,23 @@ def slim_result(result: dict[str, Any]) -> dict[str, Any]:
     keys, read nowhere, are dropped. ``extract_result(slim_result(r)) == extract_result(r)``.
     """
     slim: dict[str, Any] = {}
-    for key, raw in result.items():
-        if key[:1] == "_":
-            continue
-        if key == "reward":
-            slim[key] = raw
-        elif key == "mask_sample":
-            slim[key] = bool(raw)
-        elif key == "response":
-            usage = _usage(result)
-            if usage:
-                slim[key] = {"usage": {k: _scalar(v) for k, v in usage.items()}}
-            else:  # a falsy number (0, false) here is itself a numeric column
-                slim[key] = None if isinstance(raw, dict) else _scalar(raw)
-        else:
-            slim[key] = _scalar(raw)
+    for key, raw in result.items():  # runs for every published rollout: one set test per key
+        if key in _SPECIAL:
+            if key == "reward":
+                slim[key] = raw
+            elif key == "mask_sample":
+                slim[key] = bool(raw)
+            else:  # response
+                usage = _usage(result)
+                if usage:
+                    slim[key] = {
+                        "usage": {k: v if type(v) in _NUMBERS else None for k, v in usage.items()}
+                    }
+                else:  # a falsy number (0, false) here is itself a numeric column
+                    slim[key] = raw if type(raw) in _NUMBERS else None
+        elif key[:1] != "_":
+            slim[key] = raw if type(raw) in _NUMBERS else None
     return slim
-
-
-def _scalar(value: Any) -> Any:
-    kind = type(value)
-    return value if kind is bool or kind is int or kind is float else None
 
 
 def agent_of(row: dict[str, Any]) -> str | None:

@@ -11,13 +11,17 @@ What is sent, in order (see :mod:`rewardstream.contract`):
    error, what was queued before it still goes out but nothing more: a failed publish never
    finishes its run, and the processor can still serve snapshots of what arrived.
 
-Each rollouts line goes through :func:`~processors.records.extract_result` before anything of
-it is sent, so a line the batch profiler would reject fails here, with the same
-:class:`~rewardstream.errors.LineError`, instead of reaching the processor.
+Each rollouts line is validated as the batch profiler reads it (see
+:func:`producers.events.rollout_event`) before anything of it is sent, so a line the profiler
+would reject fails here, with the same :class:`~rewardstream.errors.LineError`, instead of
+reaching the processor.
 
 Lines become events through :mod:`producers.events` (shared with the embedded pipeline), which
 encodes with the contract's hot-path encoders; the only constrained free-form fields (run id,
-stem) are validated once up front with the models.
+stem) are validated once up front with the models. Whole files are read and encoded by forked
+children (:class:`producers.lines.Encoder`) while this process only fills record batches, so
+the work spreads over the cores; ``follow`` encodes the growing rollouts file here. (Replayed
+events are stamped ``published_at`` when encoded, up to a lookahead before they are sent.)
 """
 
 from __future__ import annotations
@@ -26,15 +30,13 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
-import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
@@ -43,16 +45,15 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from producers.events import input_event, rollout_event
+from producers.lines import MAX_MESSAGE_BYTES, Chunk, Encoder, Tail, encode_rows, parsed
 from rewardstream.contract import RunFinished, RunStarted, Topics, encode, run_id_from
-from rewardstream.errors import InputError, LineError
-from rewardstream.jsonl import check_input_file, parse_line
+from rewardstream.errors import InputError
+from rewardstream.jsonl import check_input_file
 
 __all__ = ["PublishReport", "default_run_id", "publish_files"]
 
 POLL_SECONDS = 0.2
-MAX_MESSAGE_BYTES = 8 << 20  # the producer's max_request_size; brokers may allow less
 WINDOW = 5_000  # messages in flight before the publisher waits for acknowledgements
-_CHUNK = 8 << 20  # files are read this many bytes at a time (bounded memory)
 _PARTITIONER = DefaultPartitioner()
 
 log = logging.getLogger(__name__)
@@ -101,11 +102,48 @@ async def publish_files(
     run_id = default_run_id(rollouts) if run_id is None else run_id
     _check_run(run_id, stem)
     topics = topics or Topics.for_prefix()
+    with contextlib.ExitStack() as stack:  # the encoders start reading while we connect
+        input_encoder = stack.enter_context(Encoder(inputs, input_event, run_id))
+        rollouts_encoder = (
+            None if follow else stack.enter_context(Encoder(rollouts, rollout_event, run_id))
+        )
+        producer = await _start_producer(bootstrap)
+        sender = _Sender(producer)
+        bar = tqdm(
+            desc=f"publishing {rollouts.name}",
+            unit=" rollouts",
+            disable=not progress or not sys.stderr.isatty(),
+            mininterval=0.5,
+        )
+        try:
+            with bar:
+                n_inputs = await sender.send_all(topics.inputs, input_encoder.chunks())
+                started = RunStarted(run_id=run_id, expected_rollouts=n_inputs, output_stem=stem)
+                await sender.send(topics.control, encode(started), run_id.encode())
+                await sender.flush()  # consumers learn of the run now, not with the next batch
+                publisher = _RolloutPublisher(rollouts, topics.rollouts, sender, run_id, bar)
+                if rollouts_encoder is None:
+                    await publisher.follow(idle_timeout, stop or asyncio.Event())
+                else:
+                    await publisher.replay(rollouts_encoder)
+                finished = encode(RunFinished(run_id=run_id))
+                await sender.send(topics.control, finished, run_id.encode())
+                await sender.settle()
+        except BaseException:
+            with contextlib.suppress(KafkaError):
+                await sender.flush()  # lines before a bad one still go out (the run stays open)
+            raise
+        finally:
+            await producer.stop()  # waits for everything handed to it
+    return PublishReport(run_id, n_inputs, publisher.sent, time.perf_counter() - began)
+
+
+async def _start_producer(bootstrap: str) -> AIOKafkaProducer:
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         enable_idempotence=True,
         linger_ms=10,
-        max_batch_size=262_144,
+        max_batch_size=524_288,  # fewer, larger requests: less CPU here and in the broker
         max_request_size=MAX_MESSAGE_BYTES,
     )
     try:
@@ -113,33 +151,7 @@ async def publish_files(
     except KafkaConnectionError as exc:
         await producer.stop()
         raise InputError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
-    sender = _Sender(producer)
-    bar = tqdm(
-        desc=f"publishing {rollouts.name}",
-        unit=" rollouts",
-        disable=not progress or not sys.stderr.isatty(),
-        mininterval=0.5,
-    )
-    try:
-        with bar:
-            n_inputs = await _publish_inputs(inputs, topics.inputs, sender, run_id)
-            started = RunStarted(run_id=run_id, expected_rollouts=n_inputs, output_stem=stem)
-            await sender.send(topics.control, encode(started), run_id.encode())
-            await sender.flush()  # consumers learn of the run now, not with the first full batch
-            publisher = _RolloutPublisher(rollouts, topics.rollouts, sender, run_id, bar)
-            if follow:
-                await publisher.follow(idle_timeout, stop or asyncio.Event())
-            else:
-                await publisher.replay()
-            await sender.send(topics.control, encode(RunFinished(run_id=run_id)), run_id.encode())
-            await sender.settle()
-    except BaseException:
-        with contextlib.suppress(KafkaError):
-            await sender.flush()  # lines before a bad one still go out (the run stays open)
-        raise
-    finally:
-        await producer.stop()  # waits for everything handed to it
-    return PublishReport(run_id, n_inputs, publisher.sent, time.perf_counter() - began)
+    return producer
 
 
 def _check_run(run_id: str, stem: str) -> None:
@@ -173,29 +185,51 @@ class _Sender:
 
     async def send(self, topic: str, value: bytes, key: bytes) -> None:
         """Queue one message; it leaves when its batch is full or at :meth:`flush`."""
-        partitions = self._partitions.get(topic)
-        if partitions is None:
-            try:
-                found = await self.producer.partitions_for(topic)
-            except KafkaError as exc:  # e.g. no such topic and auto-creation disabled
-                raise InputError(f"cannot publish to topic {topic!r}: {exc!r}") from exc
-            partitions = self._partitions[topic] = sorted(found)
-        if len(partitions) == 1:
-            partition = partitions[0]
-        else:
-            partition = self._chosen.get((topic, key), -1)
+        await self.send_many(topic, [(key, value)])
+
+    async def send_all(
+        self, topic: str, chunks: AsyncIterator[Chunk], bar: tqdm[Any] | None = None
+    ) -> int:
+        """Queue every chunk's messages (counted on ``bar``); returns how many."""
+        count = 0
+        async for chunk in chunks:
+            await self.send_many(topic, chunk)
+            count += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+        return count
+
+    async def send_many(self, topic: str, messages: Chunk) -> None:
+        """Queue ``(key, value)`` messages in order; each leaves when its batch is full.
+
+        One loop with the lookups in locals: this runs once per message.
+        """
+        partitions = self._partitions.get(topic) or await self._partitions_of(topic)
+        single = partitions[0] if len(partitions) == 1 else -1
+        builders, chosen = self._builders, self._chosen
+        for key, value in messages:
+            partition = single
             if partition < 0:
-                if len(self._chosen) > 1 << 20:
-                    self._chosen.clear()
-                partition = _PARTITIONER(key, partitions, partitions)
-                self._chosen[topic, key] = partition
-        builder = self._builders.get((topic, partition))
-        if builder is None:
-            builder = self._builders[topic, partition] = self.producer.create_batch()
-        if builder.append(timestamp=None, key=key, value=value) is None:  # full
-            await self._submit(topic, partition, builder)
-            builder = self._builders[topic, partition] = self.producer.create_batch()
-            builder.append(timestamp=None, key=key, value=value)  # an empty batch takes any
+                partition = chosen.get((topic, key), -1)
+                if partition < 0:
+                    if len(chosen) > 1 << 20:
+                        chosen.clear()
+                    partition = chosen[topic, key] = _PARTITIONER(key, partitions, partitions)
+            builder = builders.get((topic, partition))
+            if builder is None:
+                builder = builders[topic, partition] = self.producer.create_batch()
+            if builder.append(timestamp=None, key=key, value=value) is None:  # full
+                await self._submit(topic, partition, builder)
+                builder = builders[topic, partition] = self.producer.create_batch()
+                builder.append(timestamp=None, key=key, value=value)  # an empty batch takes any
+
+    async def _partitions_of(self, topic: str) -> list[int]:
+        try:
+            found = await self.producer.partitions_for(topic)
+        except KafkaError as exc:  # e.g. no such topic and auto-creation disabled
+            raise InputError(f"cannot publish to topic {topic!r}: {exc!r}") from exc
+        partitions = self._partitions[topic] = sorted(found)
+        return partitions
 
     async def flush(self) -> None:
         """Hand every partly filled batch to the producer (it goes out without lingering)."""
@@ -229,46 +263,14 @@ class _Sender:
             ) from exc
 
 
-async def _publish_inputs(path: Path, topic: str, sender: _Sender, run_id: str) -> int:
-    count = 0
-    for lineno, raw in _whole_file(path):
-        event = input_event(_parse(raw, path, lineno), run_id, path, lineno)
-        _check_size(event.value, path, lineno)
-        await sender.send(topic, event.value, event.key)
-        count += 1
-    return count
-
-
-def _whole_file(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Every line with its 1-based number, the last one even without its newline."""
-    tail = _Tail(path)
-    try:
-        yield from tail.complete_lines()
-        if tail.partial:
-            yield tail.lineno + 1, tail.partial
-    finally:
-        tail.close()
-
-
-def _parse(raw: bytes, path: Path, lineno: int) -> Any:
-    """``orjson.loads`` on the hot path; :func:`parse_line` only for its error wording."""
-    try:
-        return orjson.loads(raw)  # JSON whitespace includes the line's own \r\n
-    except orjson.JSONDecodeError:
-        return parse_line(raw, path, lineno)  # raises NeMo Gym's "Malformed JSON ..." error
-
-
-def _check_size(value: bytes, path: Path, lineno: int) -> None:
-    if len(value) > MAX_MESSAGE_BYTES:
-        raise LineError(
-            str(path),
-            lineno,
-            f"its event is {len(value)} bytes, above the {MAX_MESSAGE_BYTES}-byte message limit",
-        )
+async def _local(chunks: Iterable[Chunk]) -> AsyncIterator[Chunk]:
+    """Chunks encoded in this process, for :meth:`_Sender.send_all`."""
+    for chunk in chunks:
+        yield chunk
 
 
 class _RolloutPublisher:
-    """Turns rollouts lines into events: the whole file once, or a growing file until told."""
+    """Sends rollouts events: the whole file once (encoded by children), or a growing file."""
 
     def __init__(
         self, path: Path, topic: str, sender: _Sender, run_id: str, bar: tqdm[Any]
@@ -276,35 +278,23 @@ class _RolloutPublisher:
         self.path, self.topic, self.sender, self.run_id, self.bar = path, topic, sender, run_id, bar
         self.sent = 0
 
-    async def publish(self, lines: Iterable[tuple[int, bytes]]) -> None:
-        """Validate each line exactly as the batch reader does, then send it.
-
-        One loop with the callees in locals: this runs once per rollout.
-        """
-        path, topic, send, run_id = self.path, self.topic, self.sender.send, self.run_id
-        for lineno, raw in lines:
-            event = rollout_event(_parse(raw, path, lineno), run_id, path, lineno)
-            _check_size(event.value, path, lineno)
-            await send(topic, event.value, event.key)
-            self.sent += 1
-            if not self.sent & 1023:
-                self.bar.update(self.sent - self.bar.n)
-        self.bar.update(self.sent - self.bar.n)
-
-    async def replay(self) -> None:
-        await self.publish(_whole_file(self.path))
+    async def replay(self, encoder: Encoder) -> None:
+        self.sent += await self.sender.send_all(self.topic, encoder.chunks(), self.bar)
 
     async def follow(self, idle_timeout: float, stop: asyncio.Event) -> None:
-        tail = _Tail(self.path)
+        """Encoded here, not in a child: a live collection writes far slower than this reads."""
+        tail = Tail(self.path)
         try:
             idle_since = time.monotonic()
             while True:
                 stopping = stop.is_set()  # read before the last pass, so it sees every line
-                before = self.sent
-                await self.publish(tail.complete_lines())
+                rows = parsed(tail.complete_lines(), self.path)
+                chunks = _local(encode_rows(rows, self.path, rollout_event, self.run_id))
+                sent = await self.sender.send_all(self.topic, chunks, self.bar)
+                self.sent += sent
                 await self.sender.flush()
                 now = time.monotonic()
-                if self.sent > before:
+                if sent:
                     idle_since = now
                 if stopping or now - idle_since >= idle_timeout:
                     if tail.partial:
@@ -318,66 +308,3 @@ class _RolloutPublisher:
                     await asyncio.wait_for(stop.wait(), POLL_SECONDS)
         finally:
             tail.close()
-
-
-class _Tail:
-    """Complete lines appended to a file, starting over when it is truncated or replaced.
-
-    ``pos`` counts the bytes consumed (the held-back partial line included), so a size below it
-    means truncation; a different inode at the path means rotation, and the old file is read
-    to its end first. A truncation followed, before the next poll, by more bytes than were
-    consumed is indistinguishable from appending (as for ``tail -F``).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fh: IO[bytes] | None = None
-        self.inode, self.pos, self.lineno, self.partial = -1, 0, 0, b""
-        self._open()
-
-    def _open(self) -> None:
-        try:
-            fh = open(self.path, "rb")  # noqa: SIM115 - kept open across polls, closed in close()
-        except FileNotFoundError:
-            return  # between a rename and the new file's creation: wait for it
-        except OSError as exc:
-            raise InputError(f"Cannot read '{self.path}': {exc.strerror or exc}") from None
-        self.fh, self.inode = fh, os.fstat(fh.fileno()).st_ino
-        self.pos, self.lineno, self.partial = 0, 0, b""
-
-    def close(self) -> None:
-        if self.fh is not None:
-            self.fh.close()
-            self.fh = None
-
-    def complete_lines(self) -> Iterator[tuple[int, bytes]]:
-        """Every complete line available now, with its 1-based line number."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            st = None
-        if self.fh is None or st is None or st.st_ino != self.inode:
-            yield from self._drain()  # the rotated-away file may have grown since last time
-            if st is not None:
-                self.close()
-                self._open()
-        elif st.st_size < self.pos:
-            self.fh.seek(0)
-            self.pos, self.lineno, self.partial = 0, 0, b""
-        yield from self._drain()
-
-    def _drain(self) -> Iterator[tuple[int, bytes]]:
-        while self.fh is not None:
-            chunk = self.fh.read(_CHUNK)
-            if not chunk:
-                return
-            self.pos += len(chunk)
-            data = self.partial + chunk if self.partial else chunk
-            end = data.rfind(b"\n") + 1
-            self.partial = data[end:]
-            start = 0
-            while start < end:
-                nl = data.index(b"\n", start) + 1
-                self.lineno += 1
-                yield self.lineno, data[start:nl]
-                start = nl
