@@ -33,7 +33,9 @@ async def fold(stream: faust.StreamT[bytes]) -> None:
     async for value in stream:
         event = orjson.loads(value)
         agent = event.get("agent") or ""
-        sums[agent] += float(event["result"].get("reward") or 0.0)
+        record = event["record"]
+        names = record["names"]
+        sums[agent] += record["values"][names.index("reward")] if "reward" in names else 0.0
         counts[agent] += 1
         seen += 1
         if seen == expected:

@@ -23,6 +23,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from bench.measure import kafka_workspace
+from processors.records import extract_result
 from processors.stream import StreamProcessor
 from rewardstream.contract import Topics, encode_rollout, task_key
 
@@ -41,7 +42,8 @@ async def prefill(bootstrap: str, topic: str, n: int) -> None:
                 "response": {"usage": usage},
                 "is_correct": i % 3 == 0,
             }
-            value = encode_rollout("run", task, rollout, f"agent{task % 3}", result, time.time())
+            record = extract_result(result, task, rollout)
+            value = encode_rollout("run", task, rollout, f"agent{task % 3}", record, time.time())
             await producer.send(topic, value, key=task_key(task))
         await producer.flush()
     finally:

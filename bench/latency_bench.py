@@ -22,6 +22,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.measure import kafka_workspace
+from processors.records import extract_result
 from processors.stream import StreamProcessor
 from rewardstream.contract import Topics, encode_rollout, task_key
 
@@ -53,7 +54,8 @@ async def run(bootstrap: str, rate: int, seconds: float, work: Path) -> None:
             due = int(elapsed * rate)
             while sent < due:
                 task, rollout = divmod(sent, 8)
-                value = encode_rollout("run", task, rollout, "a", result, time.time())
+                record = extract_result(result, task, rollout)
+                value = encode_rollout("run", task, rollout, "a", record, time.time())
                 await producer.send(topics.rollouts, value, key=task_key(task))
                 sent += 1
             await asyncio.sleep(tick)

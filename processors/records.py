@@ -1,7 +1,8 @@
 """Turn one raw result row into what profiling keeps of it (spec §2.6 and §2.8 step 7).
 
-Pure functions, no I/O: the batch reader, the in-process pipeline and the Kafka processor all
-call :func:`extract_result` on the parsed row, so they keep exactly the same values.
+Pure functions, no I/O: the batch reader and every producer of rollout events (publisher,
+collector, the embedded pipeline's reader) call :func:`extract_result` on the parsed row, and
+the stream processor receives its record on the wire, so all keep exactly the same values.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from rewardstream.errors import InvalidRow
 __all__ = ["ResultRecord", "extract_result"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_SPECIAL = frozenset(("reward", "mask_sample", "response"))  # slim_result's special keys
-_NUMBERS = frozenset((bool, int, float))  # by exact type: what slim_result keeps
 
 
 class ResultRecord(NamedTuple):
@@ -106,35 +105,6 @@ def extract_result(result: dict[str, Any], task: int, rollout: int) -> ResultRec
     except orjson.JSONEncodeError as exc:  # e.g. a reward nested deeper than orjson writes
         raise InvalidRow(f"field 'reward' cannot be written back as JSON: {exc}") from None
     return ResultRecord(tuple(names), tuple(is_int), tuple(values), encoded, masked)
-
-
-def slim_result(result: dict[str, Any]) -> dict[str, Any]:
-    """The part of a result row profiling reads, for the wire (see ``rewardstream.contract``).
-
-    Every top-level key keeps its position (a usage value overrides a top-level one *at its
-    position*, spec §2.6), but values profiling never reads become null; ``reward`` stays raw
-    (``rollout_infos`` echoes it), ``mask_sample`` keeps its truthiness, ``response`` keeps only
-    its ``usage`` (nested objects there become null for the same reason), and private ``_*``
-    keys, read nowhere, are dropped. ``extract_result(slim_result(r)) == extract_result(r)``.
-    """
-    slim: dict[str, Any] = {}
-    for key, raw in result.items():  # runs for every published rollout: one set test per key
-        if key in _SPECIAL:
-            if key == "reward":
-                slim[key] = raw
-            elif key == "mask_sample":
-                slim[key] = bool(raw)
-            else:  # response
-                usage = _usage(result)
-                if usage:
-                    slim[key] = {
-                        "usage": {k: v if type(v) in _NUMBERS else None for k, v in usage.items()}
-                    }
-                else:  # a falsy number (0, false) here is itself a numeric column
-                    slim[key] = raw if type(raw) in _NUMBERS else None
-        elif key[:1] != "_":
-            slim[key] = raw if type(raw) in _NUMBERS else None
-    return slim
 
 
 def agent_of(row: dict[str, Any]) -> str | None:

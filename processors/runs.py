@@ -24,10 +24,9 @@ from typing import NamedTuple
 import numpy as np
 import orjson
 
-from processors.records import extract_result
 from processors.state import LOCATOR_BITS, ProfileState, row_key
 from processors.welford import RunningStats
-from rewardstream.contract import InputEvent, RolloutEvent, RunStarted
+from rewardstream.contract import InputEvent, Rollout, RunStarted
 
 __all__ = ["Counts", "Merged", "Part", "Run", "Spill", "Unit", "merge_parts"]
 
@@ -170,13 +169,12 @@ class Part:
         self.state.add_input(row, locator, event.line)
         return True
 
-    def add_rollout(self, event: RolloutEvent) -> bool:
+    def add_rollout(self, event: Rollout) -> bool:
         """Record one rollout; False when it was seen before."""
-        record = extract_result(event.result, event.task, event.rollout)
         if not self._keys.add(event.task, event.rollout):
             self.duplicates += 1
             return False
-        self.state.add_record(event.task, event.rollout, record, event.agent)
+        self.state.add_record(event.task, event.rollout, event.record, event.agent)
         if len(self.state.info_pool) >= _INFO_CHUNK:
             self._spill().append(self.state.take_infos())
         return True

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from processors.pipeline import EventKind
-from processors.records import agent_of, extract_result, slim_result
+from processors.records import agent_of, extract_result
 from processors.state import row_key
 from rewardstream.contract import encode_input, encode_rollout, task_key
 from rewardstream.errors import InvalidRow, LineError
@@ -41,24 +41,14 @@ def input_event(row: Any, run_id: str, path: Path, lineno: int) -> WireEvent:
 
 
 def rollout_event(row: Any, run_id: str, path: Path, lineno: int) -> WireEvent:
-    """The event of result line ``lineno`` of ``path``, validated as the profiler will read it.
-
-    :func:`extract_result` (the profiler's check) runs only when encoding fails: it can fail in
-    just two ways, an unusable ``response`` (which :func:`slim_result` rejects with the same
-    message, tests/test_publish.py) and a ``reward`` too deeply nested to write back as JSON
-    (which this event, nesting it deeper, fails on first). Skipping it on every good line halves
-    the work per line; calling it on a bad one keeps the profiler's wording.
-    """
+    """The event of result line ``lineno`` of ``path``: its record, extracted as the profiler
+    extracts it, so a line the profiler would reject fails here with the same message."""
     try:
         task, rollout = row_key(row)
-        slim = slim_result(row)
-        try:
-            value = encode_rollout(run_id, task, rollout, agent_of(row), slim, time.time())
-        except orjson.JSONEncodeError:
-            extract_result(row, task, rollout)
-            raise
-    except (InvalidRow, orjson.JSONEncodeError) as exc:
+        record = extract_result(row, task, rollout)
+    except InvalidRow as exc:
         raise LineError(str(path), lineno, str(exc)) from None
+    value = encode_rollout(run_id, task, rollout, agent_of(row), record, time.time())
     return WireEvent("rollout", task_key(task), value)
 
 

@@ -6,24 +6,44 @@ task index (ASCII decimal), so all rollouts of a task meet in one partition; con
 keyed by run id. Every event carries ``v`` (schema version) and ``run_id``, so several
 collections can share the topics.
 
-A rollout event carries the *slim* result (:func:`processors.records.slim_result`): every
-top-level key in order, with only the values profiling reads, so the processor extracts exactly
-what the batch profiler extracts from the full row while the full row stays in rollouts.jsonl.
+A rollout event carries the result's *record*, extracted by the producer with the profiler's
+own :func:`processors.records.extract_result` (its numeric columns in order, their int flags
+and values, its ``rollout_infos`` entry, its mask flag): extraction happens once, where the
+full row is, and the processor only appends numbers. The full row stays in rollouts.jsonl.
+
+Decoding is on the processor's hot path: :func:`decode_rollout` checks the parsed event with
+plain type tests (a few microseconds) and falls back to the pydantic model, which states the
+schema and words the errors, for anything the fast check does not accept; the two agree
+(tests/test_contract.py).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, Self
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    model_validator,
+)
+
+from processors.records import ResultRecord
 
 __all__ = [
     "SCHEMA_VERSION",
     "ControlEvent",
     "InputEvent",
+    "Rollout",
     "RolloutEvent",
+    "RolloutRecord",
     "RunFinished",
     "RunStarted",
     "Topics",
@@ -37,7 +57,8 @@ __all__ = [
     "task_key",
 ]
 
-SCHEMA_VERSION: Literal[1] = 1
+SCHEMA_VERSION: Literal[2] = 2  # 2: rollout events carry the extracted record
+_RUN_ID = r"^\w[\w.-]*$"  # a path component of the output folder: no separators, no leading dot
 
 
 class Topics(NamedTuple):
@@ -68,9 +89,8 @@ def task_key(task: int) -> bytes:
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    v: Literal[1] = SCHEMA_VERSION
-    # a path component of the output folder: no separators, no leading dot
-    run_id: str = Field(min_length=1, max_length=200, pattern=r"^\w[\w.-]*$")
+    v: Literal[2] = SCHEMA_VERSION
+    run_id: str = Field(min_length=1, max_length=200, pattern=_RUN_ID)
 
 
 class InputEvent(_Event):
@@ -81,15 +101,44 @@ class InputEvent(_Event):
     row: dict[str, Any]
 
 
+class RolloutRecord(BaseModel):
+    """What profiling keeps of one result (:class:`processors.records.ResultRecord`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    names: list[StrictStr] = Field(description="numeric columns, in the row's order")
+    ints: list[StrictBool] = Field(description="per column: an int (or bool) in the row")
+    values: list[StrictFloat] = Field(description="per column: its value as a float")
+    info: dict[str, Any] = Field(description="the result's rollout_infos entry")
+    masked: StrictBool = Field(description="a truthy mask_sample: not a measurement")
+
+    @model_validator(mode="after")
+    def _columns_align(self) -> Self:
+        if not len(self.names) == len(self.ints) == len(self.values):
+            raise ValueError("names, ints and values must have the same length")
+        return self
+
+
 class RolloutEvent(_Event):
-    """One completed rollout: its key, its agent (for live stats) and its slim result."""
+    """One completed rollout: its key, its agent (for live stats) and its record."""
 
     type: Literal["rollout"] = "rollout"
+    task: StrictInt = Field(ge=-(2**63), le=2**63 - 1)
+    rollout: StrictInt = Field(ge=-(2**63), le=2**63 - 1)
+    agent: StrictStr | None = None
+    record: RolloutRecord
+    published_at: StrictFloat = Field(description="publisher's clock, seconds since the epoch")
+
+
+class Rollout(NamedTuple):
+    """A decoded rollout event, as the processor applies it."""
+
+    run_id: str
     task: int
     rollout: int
-    agent: str | None = None
-    result: dict[str, Any]
-    published_at: float = Field(description="publisher's wall clock, seconds since the epoch")
+    agent: str | None
+    record: ResultRecord
+    published_at: float
 
 
 class RunStarted(_Event):
@@ -131,7 +180,7 @@ def encode_rollout(
     task: int,
     rollout: int,
     agent: str | None,
-    result: dict[str, Any],
+    record: ResultRecord,
     published_at: float,
 ) -> bytes:
     return orjson.dumps(
@@ -142,7 +191,13 @@ def encode_rollout(
             "task": task,
             "rollout": rollout,
             "agent": agent,
-            "result": result,
+            "record": {
+                "names": record.names,
+                "ints": record.is_int,
+                "values": record.values,
+                "info": orjson.Fragment(record.info),  # already serialized by extract_result
+                "masked": record.masked,
+            },
             "published_at": published_at,
         }
     )
@@ -156,8 +211,89 @@ def decode_input(raw: bytes) -> InputEvent:
     return InputEvent.model_validate(orjson.loads(raw))
 
 
-def decode_rollout(raw: bytes) -> RolloutEvent:
-    return RolloutEvent.model_validate(orjson.loads(raw))
+def decode_rollout(raw: bytes) -> Rollout:
+    """Raises ``ValueError`` (pydantic's ``ValidationError`` included) for a bad event."""
+    data = orjson.loads(raw)
+    fast = _rollout_fast(data)
+    return fast if fast is not None else rollout_of(RolloutEvent.model_validate(data))
+
+
+def rollout_of(event: RolloutEvent) -> Rollout:
+    """The processor's form of a validated event."""
+    rec = event.record
+    try:
+        info = orjson.dumps(rec.info)
+    except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
+        raise ValueError(f"record.info cannot be written back as JSON: {exc}") from None
+    record = ResultRecord(
+        tuple(rec.names), tuple(rec.ints), tuple(map(float, rec.values)), info, rec.masked
+    )
+    at = float(event.published_at)
+    return Rollout(event.run_id, event.task, event.rollout, event.agent, record, at)
+
+
+_ROLLOUT_KEYS = frozenset(RolloutEvent.model_fields)
+_RECORD_KEYS = frozenset(RolloutRecord.model_fields)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_RUN_ID_RE = re.compile(_RUN_ID)
+_known_run_ids: set[str] = set()  # checked already; a handful per processor
+_known_columns: set[tuple[tuple[Any, ...], tuple[Any, ...]]] = set()  # (names, ints) checked
+
+
+def _rollout_fast(d: Any) -> Rollout | None:
+    """The event if it passes plain type checks equivalent to the model's; None otherwise (the
+    model then decides, and words the error)."""
+    if type(d) is not dict or d.keys() != _ROLLOUT_KEYS:
+        return None
+    v, run_id, task, rollout, agent, rec, at = (
+        d["v"], d["run_id"], d["task"], d["rollout"], d["agent"], d["record"], d["published_at"]
+    )  # fmt: skip
+    if type(v) is not int or v != SCHEMA_VERSION or d["type"] != "rollout":
+        return None
+    if type(run_id) is not str:
+        return None
+    if run_id not in _known_run_ids:
+        if not 0 < len(run_id) <= 200 or not _RUN_ID_RE.fullmatch(run_id):
+            return None
+        if len(_known_run_ids) > 10_000:
+            _known_run_ids.clear()
+        _known_run_ids.add(run_id)
+    if type(task) is not int or type(rollout) is not int or type(at) is not float:
+        return None
+    if not (_INT64_MIN <= task <= _INT64_MAX and _INT64_MIN <= rollout <= _INT64_MAX):
+        return None
+    if agent is not None and type(agent) is not str:
+        return None
+    if type(rec) is not dict or rec.keys() != _RECORD_KEYS:
+        return None
+    names, ints, values, info, masked = (
+        rec["names"], rec["ints"], rec["values"], rec["info"], rec["masked"]
+    )  # fmt: skip
+    if type(names) is not list or type(ints) is not list or type(values) is not list:
+        return None
+    if type(info) is not dict or type(masked) is not bool:
+        return None
+    columns = (tuple(names), tuple(ints))
+    try:
+        known = columns in _known_columns
+    except TypeError:  # unhashable: a list or object in place of a name or flag
+        return None
+    if not known:
+        if len(names) != len(ints) or not all(type(n) is str for n in names):
+            return None
+        if not all(type(i) is bool for i in ints):
+            return None
+        if len(_known_columns) > 10_000:
+            _known_columns.clear()
+        _known_columns.add(columns)
+    if len(values) != len(names) or not all(type(x) is float for x in values):
+        return None
+    try:
+        encoded = orjson.dumps(info)
+    except orjson.JSONEncodeError:
+        return None
+    record = ResultRecord(columns[0], columns[1], tuple(values), encoded, masked)
+    return Rollout(run_id, task, rollout, agent, record, at)
 
 
 def decode_control(raw: bytes) -> RunStarted | RunFinished:

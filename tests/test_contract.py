@@ -1,12 +1,21 @@
-"""The wire contract: hot-path encoders write the models' bytes; decoding validates."""
+"""The wire contract: hot-path encoders write the models' bytes; decoding validates, and the
+fast rollout decoder accepts exactly what the model accepts."""
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from processors.records import ResultRecord
 from rewardstream.contract import (
     InputEvent,
+    Rollout,
     RolloutEvent,
     RunFinished,
     RunStarted,
@@ -25,11 +34,10 @@ def test_fast_encoders_equal_model_encoding() -> None:
     row = {"q": "é", "_ng_task_index": 3, "_ng_rollout_index": 1, "x": [1.5, None]}
     assert encode_input("r", 7, row) == encode(InputEvent(run_id="r", line=7, row=row))
     assert decode_input(encode_input("r", 7, row)).row == row
-    result = {"reward": True, "response": {"usage": {"input_tokens": 3}}}
-    fast = encode_rollout("r", 3, 1, None, result, 12.5)
-    model = RolloutEvent(run_id="r", task=3, rollout=1, result=result, published_at=12.5)
-    assert fast == encode(model)
-    assert decode_rollout(fast) == model
+    record = ResultRecord(("reward", "n"), (True, True), (1.0, 3.0), b'{"reward":true}', False)
+    fast = encode_rollout("r", 3, 1, None, record, 12.5)
+    assert fast == encode(RolloutEvent.model_validate(orjson.loads(fast)))
+    assert decode_rollout(fast) == Rollout("r", 3, 1, None, record, 12.5)
 
 
 def test_control_events_round_trip() -> None:
@@ -41,12 +49,12 @@ def test_control_events_round_trip() -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        b'{"v":2,"run_id":"r","type":"run_finished"}',  # unknown schema version
-        b'{"v":1,"run_id":"","type":"run_finished"}',  # empty run id
-        b'{"v":1,"run_id":"../etc","type":"run_finished"}',  # would leave the output folder
-        b'{"v":1,"run_id":"..","type":"run_finished"}',
-        b'{"v":1,"run_id":"r","type":"run_started","expected_rollouts":1,"output_stem":"../x"}',
-        b'{"v":1,"run_id":"r","type":"nope"}',
+        b'{"v":1,"run_id":"r","type":"run_finished"}',  # an older schema version
+        b'{"v":2,"run_id":"","type":"run_finished"}',  # empty run id
+        b'{"v":2,"run_id":"../etc","type":"run_finished"}',  # would leave the output folder
+        b'{"v":2,"run_id":"..","type":"run_finished"}',
+        b'{"v":2,"run_id":"r","type":"run_started","expected_rollouts":1,"output_stem":"../x"}',
+        b'{"v":2,"run_id":"r","type":"nope"}',
     ],
 )
 def test_bad_control_events_are_rejected(raw: bytes) -> None:
@@ -58,3 +66,62 @@ def test_topics_and_keys() -> None:
     assert Topics.for_prefix("p") == Topics("p.inputs", "p.rollouts", "p.control", "p.dead-letters")
     assert task_key(42) == b"42"
     assert task_key(-1) == b"-1"
+
+
+_GOOD: dict[str, Any] = orjson.loads(
+    encode_rollout(
+        "run-1",
+        7,
+        2,
+        "agent",
+        ResultRecord(("reward", "tokens"), (False, True), (0.5, 12.0), b'{"reward":0.5}', False),
+        1.5,
+    )
+)
+_PATHS: list[tuple[str, ...]] = [
+    ("v",),
+    ("run_id",),
+    ("type",),
+    ("task",),
+    ("rollout",),
+    ("agent",),
+    ("published_at",),
+]
+_PATHS += [("record",), *(("record", k) for k in ("names", "ints", "values", "info", "masked"))]
+_ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),  # what orjson writes
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+    st.sampled_from(["run\n", "ré", "a" * 201, ".x", "rollout", "x y"]),
+    st.lists(st.one_of(st.text(max_size=3), st.booleans(), st.floats(-9, 9), st.integers(-9, 9))),
+    st.dictionaries(st.text(max_size=3), st.integers(-9, 9), max_size=2),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_PATHS), st.one_of(_ODD, st.just(KeyError))), max_size=3))
+def test_fast_rollout_decoding_accepts_exactly_what_the_model_accepts(
+    edits: list[tuple[tuple[str, ...], Any]],
+) -> None:
+    event = copy.deepcopy(_GOOD)
+    for path, value in edits:
+        target = event
+        for key in path[:-1]:
+            target = target[key] if isinstance(target.get(key), dict) else {}
+        if value is KeyError:
+            target.pop(path[-1], None)
+        else:
+            target[path[-1]] = value
+    raw = orjson.dumps(event)
+    try:
+        model = RolloutEvent.model_validate(event)
+    except ValidationError:
+        with pytest.raises(ValueError):
+            decode_rollout(raw)
+        return
+    decoded = decode_rollout(raw)
+    assert decoded.run_id == model.run_id and decoded.task == model.task
+    assert decoded.record.values == tuple(map(float, model.record.values))
+    assert decoded.record.info == orjson.dumps(model.record.info)

@@ -26,13 +26,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import producers.cli
-from processors.records import extract_result, slim_result
+from processors.records import extract_result
 from processors.state import row_key
 from producers.publish import PublishReport, default_run_id, publish_files
 from rewardstream.batch import load_state
 from rewardstream.contract import (
     InputEvent,
+    Rollout,
     RolloutEvent,
+    RolloutRecord,
     RunFinished,
     RunStarted,
     Topics,
@@ -133,12 +135,10 @@ async def test_golden_blackjack_round_trip(
         assert record.partition == key_partition(record.key, 3)
         assert event.run_id == run_id
         assert event.agent == original["agent_ref"]["name"] == "blackjack_gymnasium_agent"
-        assert event.result == slim_result(original)
-        assert extract_result(event.result, event.task, event.rollout) == extract_result(
-            original, event.task, event.rollout
-        )
+        assert event.record == extract_result(original, event.task, event.rollout)
         assert abs(event.published_at - time.time()) < 120
-        assert encode(event) == record.value
+        model = RolloutEvent.model_validate(orjson.loads(record.value))
+        assert encode(model) == record.value  # the fast encoder writes the canonical bytes
     assert not originals
 
     assert [r.key for r in control_records] == [run_id.encode()] * 2
@@ -199,7 +199,7 @@ class LiveReader:
 
     def __init__(self, consumer: AIOKafkaConsumer) -> None:
         self.consumer = consumer
-        self.events: list[RolloutEvent] = []
+        self.events: list[Rollout] = []
 
     async def until(self, count: int, timeout: float = 20.0) -> list[tuple[int, int]]:
         deadline = time.monotonic() + timeout
@@ -441,7 +441,7 @@ async def test_unreachable_broker_is_an_input_error(tmp_path: Path) -> None:
         await publish_files(inputs, rollouts, f"127.0.0.1:{free_port()}")
 
 
-# --------------------------------------------------------------------------- slim results
+# --------------------------------------------------------------------------- records on the wire
 
 _KEYS = st.one_of(
     st.sampled_from(
@@ -489,28 +489,24 @@ def results(draw: st.DrawFn) -> dict[str, Any]:
 @given(results(), st.integers(0, 2**40), st.integers(0, 64))
 @example({"reward": 1.0, "response": 0}, 0, 0)  # a falsy numeric response is a column
 @example({"response": False, "total_tokens": 3}, 0, 0)
-def test_slim_result_extracts_like_the_full_row(
+def test_the_wire_carries_the_profilers_record(
     result: dict[str, Any], task: int, rollout: int
 ) -> None:
-    slim = orjson.loads(orjson.dumps(slim_result(result)))
-    assert extract_result(slim, task, rollout) == extract_result(result, task, rollout)
-    # and the publisher's direct encoding is the contract's encoding of the same event
-    raw = encode_rollout("run", task, rollout, "agent", slim, 1.5)
-    event = RolloutEvent(
-        run_id="run", task=task, rollout=rollout, agent="agent", result=slim, published_at=1.5
+    try:
+        record = extract_result(result, task, rollout)
+    except InvalidRow:
+        return  # the publisher fails such a line with this error (test_bad_line_fails_...)
+    raw = encode_rollout("run", task, rollout, "agent", record, 1.5)
+    assert decode_rollout(raw) == Rollout("run", task, rollout, "agent", record, 1.5)
+    # the hot-path encoder writes the model's bytes
+    wire = RolloutRecord(
+        names=list(record.names),
+        ints=list(record.is_int),
+        values=list(record.values),
+        info=orjson.loads(record.info),
+        masked=record.masked,
     )
-    assert raw == encode(event)
-    assert decode_rollout(raw) == event
-
-
-@settings(max_examples=100, deadline=None)
-@given(results(), st.sampled_from([[1], "text", 3, True, {"usage": [1]}, {"usage": "x"}]))
-def test_invalid_response_fails_slim_and_extract_alike(
-    result: dict[str, Any], response: Any
-) -> None:
-    result["response"] = response
-    with pytest.raises(InvalidRow) as full:
-        extract_result(result, 0, 0)
-    with pytest.raises(InvalidRow) as slim:
-        slim_result(result)
-    assert str(full.value) == str(slim.value)
+    model = RolloutEvent(
+        run_id="run", task=task, rollout=rollout, agent="agent", record=wire, published_at=1.5
+    )
+    assert raw == encode(model)

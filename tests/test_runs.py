@@ -6,13 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from processors.records import extract_result
 from processors.runs import Part, merge_parts
-from rewardstream.contract import InputEvent, RolloutEvent
+from rewardstream.contract import InputEvent, Rollout
 
 
-def _rollout(task: int, rollout: int) -> RolloutEvent:
-    result = {"reward": float(rollout), "_ng_task_index": task, "_ng_rollout_index": rollout}
-    return RolloutEvent(run_id="r", task=task, rollout=rollout, result=result, published_at=0.0)
+def _result(task: int, rollout: int) -> dict[str, float | int]:
+    return {"reward": float(rollout), "_ng_task_index": task, "_ng_rollout_index": rollout}
+
+
+def _rollout(task: int, rollout: int) -> Rollout:
+    record = extract_result(_result(task, rollout), task, rollout)
+    return Rollout("r", task, rollout, None, record, 0.0)
 
 
 @pytest.mark.parametrize("rollout", [0, 63, 64, 4095, 4096, 10**12, -1, -(2**63)])
@@ -43,9 +48,9 @@ def test_rollout_infos_moved_to_the_spill_come_back_in_the_profile(
     for line, row in enumerate(rows):
         inputs.add_input(InputEvent(run_id="r", line=line, row=row))
     for row in rows:
-        event = _rollout(row["_ng_task_index"], row["_ng_rollout_index"])
-        held.state.add_result(event.result)
-        spilled.add_rollout(event)
+        task, rollout = row["_ng_task_index"], row["_ng_rollout_index"]
+        held.state.add_result(_result(task, rollout))
+        spilled.add_rollout(_rollout(task, rollout))
     assert spilled.state.info_taken > 0
     whole, parted = merge_parts([inputs, held]), merge_parts([inputs, spilled.copy()])
     assert bytes(parted.state.info_pool) == bytes(whole.state.info_pool)
