@@ -1,5 +1,5 @@
 # The two commands of the README, and their building blocks.
-#   make demo   install, then stream a generated collection through the embedded pipeline
+#   make demo   install, start the bundled gym servers, collect and profile live (rewardstream demo)
 #   make test   install (Python and Debian packages, Kafka jars via Maven), lint, type-check, all tests
 PY      ?= python3
 VENV    ?= .venv
@@ -33,14 +33,14 @@ test: kafka-jars lint
 	$(BIN)/pytest -q
 
 demo: install
-	$(BIN)/python bench/generate.py --tasks 500 --repeats 4 --out demo-output/rollouts
-	$(BIN)/rewardstream replay --inputs demo-output/rollouts_materialized_inputs.jsonl \
-	    --rollouts demo-output/rollouts.jsonl --output-dir demo-output/streamed
-	$(BIN)/ng_reward_profile +materialized_inputs_jsonl_fpath=demo-output/rollouts_materialized_inputs.jsonl \
-	    +rollouts_jsonl_fpath=demo-output/rollouts.jsonl +quiet=true
+	$(BIN)/rewardstream demo --output-dir demo-output
+	rm -rf demo-output/check && mkdir -p demo-output/check
+	cp demo-output/rollouts.jsonl demo-output/rollouts_materialized_inputs.jsonl demo-output/check/
+	$(BIN)/ng_reward_profile +materialized_inputs_jsonl_fpath=demo-output/check/rollouts_materialized_inputs.jsonl \
+	    +rollouts_jsonl_fpath=demo-output/check/rollouts.jsonl +quiet=true
 	@for f in reward_profiling.jsonl agent_metrics.json repeat_level_metrics.json; do \
-	    cmp demo-output/streamed/rollouts/rollouts_$$f demo-output/rollouts_$$f || exit 1; done
-	@echo "demo: streamed profile in demo-output/streamed/rollouts/ equals ng_reward_profile's, byte for byte"
+	    cmp demo-output/rollouts_$$f demo-output/check/rollouts_$$f || exit 1; done
+	@echo "demo: the live profile in demo-output/ equals ng_reward_profile's, byte for byte"
 
 bench: install
 	$(BIN)/python -m bench.profile_bench

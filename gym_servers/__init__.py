@@ -1,1 +1,2 @@
-"""NeMo-Gym-compatible model, resources and agent servers and ``ng_run`` (coming next)."""
+"""NeMo-Gym-compatible servers: a model server (proxy or simulated policy), the arithmetic
+resources server, a simple agent, and ``ng_run`` to start them from NeMo Gym-shaped YAML."""

@@ -1,0 +1,58 @@
+"""``/aggregate_metrics`` of the bundled servers: NeMo Gym's server-side computation (spec §1.8).
+
+The verify responses are profiled as one synthetic agent (``{"name": "agent"}``) with the same
+core as ``ng_reward_profile``, so the numbers agree with the profile files bit for bit. The
+environment adds no ``compute_metrics`` keys of its own (no pass@k).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from processors.profile import build_profile
+from processors.state import ProfileState, row_key
+
+__all__ = ["aggregate_metrics"]
+
+_AGENT = {"name": "agent"}
+_SAMPLE = orjson.dumps({"agent_ref": _AGENT})
+_COVERAGE_PREFIX = "coverage/"
+
+
+def aggregate_metrics(verify_responses: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{group_level_metrics, agent_metrics, key_metrics, repeat_level_metrics, perf_summary}``.
+
+    Raises :class:`~rewardstream.errors.InvalidRow` for a response without its indices.
+    """
+    out: dict[str, Any] = {
+        "group_level_metrics": [],
+        "agent_metrics": {},
+        "key_metrics": {},
+        "repeat_level_metrics": [],
+        "perf_summary": None,
+    }
+    if not verify_responses:
+        return out
+    state = ProfileState()
+    rollouts = set()
+    for order, result in enumerate(verify_responses):
+        task, rollout = row_key(result)
+        rollouts.add(rollout)
+        row = {"_ng_task_index": task, "_ng_rollout_index": rollout, "agent_ref": _AGENT}
+        state.add_input(row, 0, order)
+        state.add_result(result if "response" in result else result | {"response": {}})
+    profile = build_profile(state)
+    out["group_level_metrics"] = [
+        orjson.loads(profile.render(row, _SAMPLE)) for row in profile.task_rows
+    ]
+    entry = {k: v for k, v in profile.agent_metrics[0].items() if k != "agent_ref"}
+    out["agent_metrics"] = entry | {"num_repeats": len(rollouts)}
+    out["key_metrics"] = {
+        k: v for k, v in entry.items() if k.startswith(("mean/", _COVERAGE_PREFIX))
+    }
+    out["repeat_level_metrics"] = [
+        {k: v for k, v in e.items() if k != "agent_ref"} for e in profile.repeat_metrics
+    ]
+    return out

@@ -1,0 +1,282 @@
+"""``ng_run "+config_paths=[a.yaml,b.yaml]" [+key=value ...]``: start the servers of a config.
+
+As NeMo Gym's ``gym env start`` (spec §4.5): the YAML files are merged in order, then the
+overrides; ``${dotted.key}`` values are resolved and a leftover ``???`` fails. Every server gets
+host ``127.0.0.1`` and a free port in [10001, 20000] unless it names one, and is started as
+``NEMO_GYM_CONFIG_DICT=<yaml> NEMO_GYM_CONFIG_PATH=<name> python -m <entrypoint>`` (an
+``entrypoint`` ending in ``.py`` is run as a file, relative to its config file). A head server
+(``head_server.{host,port}``, default 127.0.0.1:11000) lists them on ``/server_instances`` and
+serves the merged config, secrets redacted, on ``/global_config_dict_yaml``. Once every server
+answers its health check, one line says so; Ctrl-C or SIGTERM stops them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+
+from gym_servers.base import ServerSpec, base_app, json_response, redacted, server_specs
+from rewardstream.errors import InputError, RewardstreamError
+from rewardstream.overrides import parse_overrides
+
+__all__ = ["BUNDLED_CONFIG", "ServerGroup", "load_config", "main"]
+
+BUNDLED_CONFIG = Path(__file__).resolve().parent / "configs" / "arithmetic.yaml"
+DEFAULT_HEAD = {"host": "127.0.0.1", "port": 11000}
+PORT_RANGE = (10001, 20000)
+_REF = re.compile(r"^\$\{([\w.]+)\}$")
+_CONFIG_DIR_KEY = "_config_dir"  # where a server's .py entrypoint is looked up
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise InputError(f"config interpolation ${{{dotted}}}: no such key")
+        node = node[part]
+    return node
+
+
+def _resolve(config: Mapping[str, Any], node: Any, path: str) -> Any:
+    if isinstance(node, dict):
+        return {k: _resolve(config, v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_resolve(config, v, f"{path}[{i}]") for i, v in enumerate(node)]
+    if isinstance(node, str):
+        if node == "???":
+            raise InputError(f"config key {path!r} is required (still '???')")
+        m = _REF.match(node)
+        if m:
+            return _resolve(config, _lookup(config, m.group(1)), path)
+    return node
+
+
+def load_config(tokens: Sequence[str]) -> dict[str, Any]:
+    """The merged config of ``+config_paths=[...]`` and the other overrides."""
+    overrides = parse_overrides(list(tokens))
+    paths = overrides.pop("config_paths", [])
+    if isinstance(paths, str):
+        paths = [paths]
+    if not paths:
+        raise InputError("no config given: pass +config_paths=[path/to/config.yaml,...]")
+    config: dict[str, Any] = {}
+    for path in paths:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise InputError(f"Cannot read config '{path}': {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise InputError(f"Invalid YAML in '{path}': {' '.join(str(exc).split())}") from None
+        if not isinstance(loaded, dict):
+            raise InputError(f"Config '{path}' is not a mapping")
+        for spec in server_specs(loaded):
+            spec.config.setdefault(_CONFIG_DIR_KEY, str(Path(path).resolve().parent))
+        _merge(config, loaded)
+    _merge(config, overrides)
+    resolved: dict[str, Any] = _resolve(config, config, "")
+    if not server_specs(resolved):
+        raise InputError(f"no servers in {', '.join(map(str, paths))}")
+    return resolved
+
+
+def _free_port(taken: set[int]) -> int:
+    rng = random.Random()
+    while True:
+        port = rng.randint(*PORT_RANGE)
+        if port in taken:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+
+
+def _command(spec: ServerSpec) -> list[str]:
+    entry = str(spec.config.get("entrypoint") or "")
+    if not entry:
+        raise InputError(f"server {spec.name!r} has no entrypoint")
+    if entry.endswith(".py"):
+        return [sys.executable, str(Path(spec.config.get(_CONFIG_DIR_KEY, ".")) / entry)]
+    return [sys.executable, "-m", entry]
+
+
+class ServerGroup:
+    """The servers of one config as child processes, plus the head server (in this process).
+
+    ``log``: where the children's output goes (default: inherited). Use as an async context
+    manager: entering starts everything and waits for health; leaving stops everything.
+    """
+
+    def __init__(self, config: dict[str, Any], log: IO[bytes] | None = None) -> None:
+        self.config = config
+        self.log = log
+        self.head = {**DEFAULT_HEAD, **(config.get("head_server") or {})}
+        self.config["head_server"] = self.head
+        taken: set[int] = {int(self.head["port"])}
+        self.specs = server_specs(config)
+        for spec in self.specs:
+            spec.config.setdefault("host", "127.0.0.1")
+            if not spec.config.get("port"):
+                spec.config["port"] = _free_port(taken)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.started: dict[str, float] = {}
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def head_url(self) -> str:
+        return f"http://{self.head['host']}:{self.head['port']}"
+
+    def url(self, name: str) -> str:
+        return next(s.url for s in self.specs if s.name == name)
+
+    async def __aenter__(self) -> ServerGroup:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self, timeout: float = 60.0) -> None:
+        dump = yaml.safe_dump(self.config, sort_keys=False)
+        for spec in self.specs:
+            env = {**os.environ, "NEMO_GYM_CONFIG_DICT": dump, "NEMO_GYM_CONFIG_PATH": spec.name}
+            self.procs[spec.name] = subprocess.Popen(
+                _command(spec), env=env, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL
+            )
+            self.started[spec.name] = time.time()
+        runner = self._runner = web.AppRunner(self._head_app(), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.head["host"], int(self.head["port"])).start()
+        except OSError as exc:
+            raise InputError(f"head server cannot listen on {self.head_url}: {exc}") from None
+        await self._wait_healthy(timeout)
+
+    async def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        waiting = {s.name: s.url for s in self.specs}
+        async with ClientSession(timeout=ClientTimeout(total=2)) as session:
+            while waiting:
+                for name, url in list(waiting.items()):
+                    code = self.procs[name].poll()
+                    if code is not None:
+                        raise InputError(f"server {name!r} exited with code {code} while starting")
+                    try:
+                        async with session.get(f"{url}/health") as resp:
+                            if resp.status == 200:
+                                del waiting[name]
+                    except (ClientError, TimeoutError):
+                        pass
+                if waiting and time.monotonic() > deadline:
+                    raise InputError(f"servers not healthy after {timeout:.0f}s: {sorted(waiting)}")
+                if waiting:
+                    await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        """SIGTERM every child, SIGKILL what is left after 10 s; then close the head server."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def instances(self) -> list[dict[str, Any]]:
+        """``/server_instances``: one entry per server, NeMo Gym's fields."""
+        return [
+            {
+                "process_name": f"{s.name}.{s.server_type}.{s.impl}",
+                "server_type": s.server_type,
+                "name": s.name,
+                "dir_path": s.config.get(_CONFIG_DIR_KEY),
+                "entrypoint": s.config.get("entrypoint"),
+                "host": s.config["host"],
+                "port": s.config["port"],
+                "url": s.url,
+                "pid": self.procs[s.name].pid if s.name in self.procs else None,
+                "config_path": s.name,
+                "start_time": self.started.get(s.name),
+            }
+            for s in self.specs
+        ]
+
+    def _head_app(self) -> web.Application:
+        app = base_app()
+
+        async def instances(_: web.Request) -> web.Response:
+            return json_response(self.instances())
+
+        async def config_yaml(_: web.Request) -> web.Response:
+            return json_response(yaml.safe_dump(redacted(self.config), sort_keys=False))
+
+        app.router.add_get("/server_instances", instances)
+        app.router.add_get("/global_config_dict_yaml", config_yaml)
+        return app
+
+
+async def _serve(config: dict[str, Any]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with ServerGroup(config) as group:
+        for inst in group.instances():
+            print(f"{inst['name']} ({inst['server_type']}) at {inst['url']} pid={inst['pid']}")
+        print(f"All {len(group.specs)} servers ready! Head server: {group.head_url}", flush=True)
+        await stop.wait()
+        print("Stopping servers...", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print('usage: ng_run "+config_paths=[config.yaml,...]" [+head_server.port=N] [+key=value]')
+        print(f"bundled config: {BUNDLED_CONFIG}")
+        return 0
+    try:
+        asyncio.run(_serve(load_config(args)))
+    except RewardstreamError as exc:
+        print(f"ng_run: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,621 @@
+r"""``ng_collect_rollouts``: POST every materialized row to its agent's ``/run`` (spec §1.3-1.7).
+
+    ng_collect_rollouts +agent_name=A +input_jsonl_fpath=I +output_jsonl_fpath=D/S.jsonl \
+        [+num_repeats=N] [+num_samples_in_parallel=P] [+limit=L] [+num_repeats_add_seed=true] \
+        [+resume_from_cache=true] [+responses_create_params.temperature=T] \
+        [+kafka_bootstrap_servers=HOST:PORT]
+
+Files, as NeMo Gym names them: ``D/S_materialized_inputs.jsonl`` (spec §1.3), ``D/S.jsonl``
+(results in completion order, flushed line by line), ``D/S_failures.jsonl`` (one row per failed
+attempt) and ``D/S_aggregate_metrics.json``. Agents are found by name on the head server
+(``+head_server_url``, default ``http://127.0.0.1:11000``), or every row goes to ``+agent_url``.
+
+**Failures are never rewards.** A connection error, a timeout or a 5xx (or 429) from ``/run`` is
+retried with exponential backoff until the row has had ``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``
+attempts (default 3, counting the sidecar rows of earlier runs); every failed attempt becomes a
+sidecar row with its class (``agent_request_failed``: no reply; ``agent_run_error``: an error
+reply), never a result. Another 4xx is terminal at once. Unlike NeMo Gym, failures always go to
+the sidecar (its ``route_failures_to_sidecar``) instead of aborting the run.
+
+With ``+kafka_bootstrap_servers`` every materialized row, ``RunStarted``, each completed rollout
+(as it completes) and ``RunFinished`` are published on the wire contract's topics, so a stream
+processor profiles the run live. The run id is ``+kafka_run_id`` or ``<stem>-<8 hex>`` derived
+from the materialized file's identity: a resumed run keeps its id, a fresh run gets a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Coroutine, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import orjson
+import uvloop
+from aiohttp import ClientError, ClientSession, ClientTimeout
+from pydantic import ConfigDict, Field, ValidationError
+from tqdm import tqdm
+
+from gym_servers.client import JsonClient
+from processors.pipeline import EventKind
+from producers.events import input_event, rollout_event
+from producers.live import EventSink, KafkaSink
+from producers.materialize import MaterializeOptions, materialize, write_rows
+from rewardstream.cli import _run_guarded
+from rewardstream.contract import RunFinished, RunStarted, Topics, encode, run_id_from
+from rewardstream.errors import InputError, LineError, RewardstreamError
+from rewardstream.jsonl import parse_line
+from rewardstream.overrides import parse_overrides
+
+__all__ = ["CollectConfig", "CollectReport", "CollectionPaths", "collect", "main"]
+
+MAX_ATTEMPTS_ENV = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
+DEFAULT_PARALLEL = 100
+_JSON = {"Content-Type": "application/json"}
+_STAMPS = ("agent_ref", "task_source", "skills_ref", "_ng_attempt_index", "_ng_rollout_id")
+_NOT_AGGREGATED = (
+    *("response", "responses_create_params", "ng_agent_observations"),
+    *("ng_model_call_capture", "ng_trajectory"),
+)
+
+Key = tuple[Any, Any]
+
+
+class CollectConfig(MaterializeOptions):
+    """NeMo Gym's collection keys, plus rewardstream's own (transport, retries, Kafka)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_jsonl_fpath: Path
+    output_jsonl_fpath: Path
+    num_samples_in_parallel: int | None = Field(default=None, gt=0)
+    resume_from_cache: bool = False
+    disable_aggregation: bool = False
+    head_server_url: str = "http://127.0.0.1:11000"
+    agent_url: str | None = None
+    request_timeout_s: float = Field(default=3600.0, gt=0)
+    retry_backoff_s: float = Field(default=0.5, ge=0)
+    kafka_bootstrap_servers: str | None = None
+    kafka_topic_prefix: str = "rewardstream"
+    kafka_run_id: str | None = None
+    quiet: bool = False
+
+
+class CollectionPaths(NamedTuple):
+    """The files of one collection, named after ``output_jsonl_fpath`` as NeMo Gym names them."""
+
+    rollouts: Path
+    inputs: Path
+    failures: Path
+    aggregate: Path
+
+    @classmethod
+    def of(cls, output: Path) -> CollectionPaths:
+        stem = output.stem if output.suffix else output.name
+        return cls(
+            output,
+            output.with_name(f"{stem}_materialized_inputs.jsonl"),
+            output.with_name(f"{stem}_failures.jsonl"),
+            output.with_name(f"{stem}_aggregate_metrics.json"),
+        )
+
+
+class CollectReport(NamedTuple):
+    """What a collection did: the run id its events carry, and counts."""
+
+    run_id: str
+    paths: CollectionPaths
+    rows: int
+    cached: int
+    completed: int
+    failed: int
+    seconds: float
+    aggregate_written: bool
+
+
+class _Failure(NamedTuple):
+    cls: str
+    terminal: bool
+    type: str
+    message: str
+    http_status: int | None
+    body: str | None
+
+    @classmethod
+    def reply(cls, terminal: bool, kind: str, message: str, status: int, raw: bytes) -> _Failure:
+        """An unusable reply from ``/run`` (its body kept, cut at 4,000 characters)."""
+        body = raw.decode(errors="replace")[:4000]
+        return cls("agent_run_error", terminal, kind, message, status, body)
+
+    def stamp(self, row: dict[str, Any]) -> dict[str, Any]:
+        return row | {
+            "_ng_failure_class": self.cls,
+            "_ng_failure_terminal": self.terminal,
+            "_ng_failure_type": self.type,
+            "_ng_failure_message": self.message,
+            "_ng_failure_http_status": self.http_status,
+            "_ng_failure_response_body": self.body,
+        }
+
+
+def max_attempts() -> int:
+    """``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``: unset, empty, not an integer or < 1 means 3."""
+    raw = os.environ.get(MAX_ATTEMPTS_ENV, "").strip()
+    if not raw:
+        return 3
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        print(
+            f"WARNING: {MAX_ATTEMPTS_ENV}={raw!r} is not an integer >= 1; using 3",
+            file=sys.stderr,
+        )
+        return 3
+    return value
+
+
+def _key(row: dict[str, Any]) -> Key:
+    return row.get("_ng_task_index"), row.get("_ng_rollout_index")
+
+
+def _agent(row: dict[str, Any]) -> str:
+    ref = row.get("agent_ref")
+    return str(ref.get("name")) if isinstance(ref, dict) else ""
+
+
+def _repair_tail(path: Path) -> None:
+    """A final line cut short by a kill is dropped; a whole one without its newline gets one."""
+    with path.open("rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return
+        back = min(size, 1 << 20)
+        while True:
+            fh.seek(size - back)
+            chunk = fh.read(back)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0 or back == size:
+                break
+            back = min(size, back * 4)
+        start = size - back + nl + 1
+        fh.seek(start)
+        try:
+            orjson.loads(fh.read())
+        except orjson.JSONDecodeError:
+            fh.truncate(start)
+            print(f"Dropped a truncated final line of {path}", file=sys.stderr)
+        else:
+            fh.write(b"\n")
+
+
+def _read_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of every non-blank line (resume skips blank lines, spec §1.7)."""
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if raw.strip():
+                row = parse_line(raw, path, lineno)
+                if not isinstance(row, dict):
+                    raise LineError(str(path), lineno, "not a JSON object")
+                yield lineno, row
+
+
+class _Plan(NamedTuple):
+    rows: list[dict[str, Any]]  # every materialized row
+    todo: list[dict[str, Any]]  # the rows to run now, attempt indices stamped
+    cached: list[tuple[int, dict[str, Any]]]  # results already in the rollouts file
+    prior_failures: dict[Key, int]
+
+
+def _fresh(cfg: CollectConfig, paths: CollectionPaths) -> _Plan:
+    rows = materialize(cfg.input_jsonl_fpath, cfg)
+    print("Clearing output fpath since `resume_from_cache=False`!", file=sys.stderr)
+    for stale in (paths.rollouts, paths.failures, paths.aggregate):
+        stale.unlink(missing_ok=True)
+    write_rows(paths.inputs, rows)
+    return _Plan(rows, list(rows), [], {})
+
+
+def _resumed(paths: CollectionPaths, attempts: int) -> _Plan:
+    for path in (paths.rollouts, paths.failures):
+        if path.exists():
+            _repair_tail(path)
+    rows = [row for _, row in _read_rows(paths.inputs)]
+    cached = list(_read_rows(paths.rollouts))
+    done = {_key(r) for _, r in cached}
+    failures: dict[Key, int] = defaultdict(int)
+    terminal: set[Key] = set()
+    if paths.failures.exists():
+        for _, failure in _read_rows(paths.failures):
+            failures[_key(failure)] += 1
+            if failure.get("_ng_failure_terminal"):
+                terminal.add(_key(failure))
+    todo = []
+    for row in rows:
+        key = _key(row)
+        if key in done or key in terminal or failures[key] >= attempts:
+            continue
+        todo.append(row | {"_ng_attempt_index": failures[key]} if failures[key] else row)
+    print(
+        f"Resuming: {len(done)} rollouts cached, {len(todo)} of {len(rows)} rows to run",
+        file=sys.stderr,
+    )
+    return _Plan(rows, todo, cached, dict(failures))
+
+
+def _run_id(cfg: CollectConfig, paths: CollectionPaths) -> str:
+    if cfg.kafka_run_id:
+        return cfg.kafka_run_id
+    st = paths.inputs.stat()
+    ident = f"{paths.inputs.resolve()}|{st.st_ino}|{st.st_mtime_ns}".encode()
+    return f"{run_id_from(paths.rollouts.stem)}-{hashlib.sha1(ident).hexdigest()[:8]}"
+
+
+async def _agent_urls(cfg: CollectConfig, agents: set[str]) -> dict[str, str]:
+    """Each agent's base URL: ``+agent_url`` for all, or by name from the head server."""
+    if cfg.agent_url:
+        if not cfg.agent_url.startswith("http://"):
+            raise InputError(f"+agent_url={cfg.agent_url}: only http:// agents are supported")
+        return dict.fromkeys(agents, cfg.agent_url.rstrip("/"))
+    head = cfg.head_server_url.rstrip("/")
+    try:
+        async with (
+            ClientSession(timeout=ClientTimeout(total=30)) as session,
+            session.get(f"{head}/server_instances") as r,
+        ):
+            instances = orjson.loads(await r.read()) if r.status == 200 else None
+    except (ClientError, TimeoutError, orjson.JSONDecodeError):
+        instances = None
+    if not isinstance(instances, list):
+        raise InputError(
+            f"Could not connect to the head server at {head}. Start the servers (ng_run), or "
+            "pass +head_server_url=... or +agent_url=..."
+        )
+    urls = {i.get("name"): i.get("url") for i in instances if isinstance(i, dict)}
+    missing = sorted(a for a in agents if not urls.get(a))
+    if missing:
+        raise InputError(
+            f"agent(s) {missing} not served by the head server at {head} "
+            f"(it has: {sorted(map(str, urls))})"
+        )
+    found = {a: str(urls[a]).rstrip("/") for a in agents}
+    for agent, url in found.items():
+        if not url.startswith("http://"):
+            raise InputError(f"agent {agent!r} is at {url}: only http:// agents are supported")
+    return found
+
+
+class _Collector:
+    """Runs the rows with bounded concurrency and writes every outcome as it completes."""
+
+    def __init__(
+        self,
+        cfg: CollectConfig,
+        paths: CollectionPaths,
+        sink: EventSink | None,
+        run_id: str,
+        attempts: int,
+        plan: _Plan,
+    ) -> None:
+        self.cfg, self.paths, self.sink, self.run_id = cfg, paths, sink, run_id
+        self.attempts, self.plan = attempts, plan
+        self.line = plan.cached[-1][0] if plan.cached else 0  # the rollouts file's last line
+        self.completed = self.failed = 0
+        self.reward_sum: dict[str, float] = defaultdict(float)
+        self.reward_n: dict[str, int] = defaultdict(int)
+        self.kept: list[dict[str, Any]] = []  # for aggregation: results without their bulk
+        self._results = paths.rollouts.open("ab")
+        self._failures = paths.failures.open("ab")
+        self._postfix_at = 0.0
+
+    def close(self) -> None:
+        self._results.close()
+        self._failures.close()
+
+    async def run(self) -> dict[str, str]:
+        """Announce the run, replay the cached results, run the rest; returns the agents' URLs."""
+        plan, sink, cfg = self.plan, self.sink, self.cfg
+        if sink is not None:
+            try:
+                started = RunStarted(
+                    run_id=self.run_id,
+                    expected_rollouts=len(plan.rows),
+                    output_stem=self.paths.rollouts.stem,
+                )
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise InputError(
+                    f"invalid {err['loc'][0]} {err['input']!r}: {err['msg']}"
+                ) from None
+            await _send_inputs(sink, plan.rows, self.run_id, self.paths.inputs)
+            await _control(sink, started)
+        for lineno, result in plan.cached:
+            await self.publish(result, lineno)
+        urls = await _agent_urls(cfg, {_agent(r) for r in plan.rows}) if plan.todo else {}
+        run_urls = {agent: f"{url}/run" for agent, url in urls.items()}
+        bar = tqdm(
+            total=len(plan.todo),
+            desc=f"Collecting {self.paths.rollouts.name}",
+            unit=" rollouts",
+            disable=cfg.quiet or not sys.stderr.isatty(),
+            mininterval=0.25,
+        )
+        todo = iter(plan.todo)
+        client = JsonClient()
+
+        async def worker() -> None:
+            for row in todo:
+                prior = plan.prior_failures.get(_key(row), 0)
+                await self.run_row(client, run_urls[_agent(row)], row, prior)
+                bar.update(1)
+                self.postfix(bar)
+
+        parallel = cfg.num_samples_in_parallel or DEFAULT_PARALLEL
+        try:
+            with bar:
+                await _all(worker() for _ in range(min(parallel, len(plan.todo))))
+                self.postfix(bar, force=True)
+        finally:
+            await client.close()
+        if sink is not None:
+            await _control(sink, RunFinished(run_id=self.run_id))
+        return urls
+
+    def keep(self, result: dict[str, Any]) -> None:
+        """Hold what ``/aggregate_metrics`` is sent (spec §1.8): the result without its bulk."""
+        if not self.cfg.disable_aggregation:
+            entry = {k: v for k, v in result.items() if k not in _NOT_AGGREGATED}
+            response = result.get("response")
+            if isinstance(response, dict):
+                extra = {
+                    k: response[k]
+                    for k in ("usage", "incomplete_details")
+                    if response.get(k) is not None
+                }
+                if extra:
+                    entry["response"] = extra
+            self.kept.append(entry)
+
+    async def post(
+        self, client: JsonClient, url: str, row: dict[str, Any]
+    ) -> dict[str, Any] | _Failure:
+        """One attempt at ``/run``."""
+        try:
+            async with asyncio.timeout(self.cfg.request_timeout_s):
+                status, raw = await client.request(url, orjson.dumps(row))
+        except TimeoutError:
+            message = f"no reply within {self.cfg.request_timeout_s:g}s"
+            return _Failure("agent_request_failed", False, "TimeoutError", message, None, None)
+        except (OSError, EOFError, ValueError, IndexError) as exc:  # refused, reset, garbled
+            message = str(exc) or repr(exc)
+            return _Failure("agent_request_failed", False, type(exc).__name__, message, None, None)
+        if status >= 300:
+            retry = status >= 500 or status == 429
+            return _Failure.reply(not retry, "HTTPError", f"HTTP {status}", status, raw)
+        try:
+            result = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return _Failure.reply(True, "JSONDecodeError", str(exc), status, raw)
+        if not isinstance(result, dict):
+            return _Failure.reply(True, "TypeError", "not a JSON object", status, raw)
+        return result
+
+    async def run_row(self, client: JsonClient, url: str, row: dict[str, Any], prior: int) -> None:
+        """Run one row until it succeeds, fails terminally, or has had every attempt."""
+        attempt = prior
+        while True:
+            outcome = await self.post(client, url, row)
+            if not isinstance(outcome, _Failure):
+                await self.result(outcome, row)
+                return
+            self.failure(outcome.stamp(row))
+            attempt += 1
+            if outcome.terminal or attempt >= self.attempts:
+                return
+            delay = self.cfg.retry_backoff_s * 2 ** (attempt - prior - 1)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            row = row | {"_ng_attempt_index": attempt}
+
+    def failure(self, failed: dict[str, Any]) -> None:
+        self._failures.write(orjson.dumps(failed, option=orjson.OPT_APPEND_NEWLINE))
+        self._failures.flush()
+        self.failed += 1
+
+    async def result(self, result: dict[str, Any], row: dict[str, Any]) -> None:
+        """Stamp (spec §1.5), route, write and flush one result; then publish it."""
+        result["_ng_task_index"] = row["_ng_task_index"]
+        result["_ng_rollout_index"] = row["_ng_rollout_index"]
+        for key in _STAMPS:
+            if key in row:
+                result[key] = row[key]
+        if result.get("_ng_no_persist"):
+            return
+        if result.get("_ng_failure_class") is not None:
+            self.failure(result)
+            return
+        self._results.write(orjson.dumps(result, option=orjson.OPT_APPEND_NEWLINE))
+        self._results.flush()
+        self.line += 1
+        self.completed += 1
+        await self.publish(result, self.line)
+        reward = result.get("reward")
+        if isinstance(reward, int | float):
+            agent = _agent(row)
+            self.reward_sum[agent] += reward
+            self.reward_n[agent] += 1
+
+    async def publish(self, result: dict[str, Any], line: int) -> None:
+        self.keep(result)
+        if self.sink is not None:
+            event = rollout_event(result, self.run_id, self.paths.rollouts, line)
+            await self.sink.send(event.kind, event.key, event.value)
+
+    def postfix(self, bar: tqdm[Any], force: bool = False) -> None:
+        """The running mean reward per agent, at most twice a second."""
+        now = time.monotonic()
+        if force or now - self._postfix_at >= 0.5:
+            self._postfix_at = now
+            means = ", ".join(
+                f"{a}={self.reward_sum[a] / n:.3f}" for a, n in sorted(self.reward_n.items())
+            )
+            bar.set_postfix_str(f"mean reward: {means}" if means else "", refresh=False)
+
+
+async def _all(coros: Iterator[Coroutine[Any, Any, None]]) -> None:
+    """Await them all; the first error cancels the others (and is raised as itself)."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _control(sink: EventSink, event: RunStarted | RunFinished) -> None:
+    await sink.send("control", event.run_id.encode(), encode(event))
+
+
+async def _send_inputs(
+    sink: EventSink, rows: list[dict[str, Any]], run_id: str, path: Path
+) -> None:
+    kind: EventKind = "input"
+    for lineno, row in enumerate(rows, 1):
+        event = input_event(row, run_id, path, lineno)
+        await sink.send(kind, event.key, event.value)
+
+
+async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectReport:
+    """Materialize (or resume), run every row, write the files; see the module docstring.
+
+    ``sink`` receives the run's events (a Kafka sink is made from ``kafka_bootstrap_servers``
+    when none is given). It is always closed here, finished only if the collection was.
+    """
+    began = time.perf_counter()
+    finished = False
+    try:
+        paths = CollectionPaths.of(cfg.output_jsonl_fpath)
+        paths.rollouts.parent.mkdir(parents=True, exist_ok=True)
+        attempts = max_attempts()
+        resume = cfg.resume_from_cache and paths.inputs.exists() and paths.rollouts.exists()
+        if cfg.resume_from_cache and not resume:
+            print(
+                "Skipping resume_from_cache because the materialized inputs or the rollouts "
+                "file does not exist yet",
+                file=sys.stderr,
+            )
+        plan = _resumed(paths, attempts) if resume else _fresh(cfg, paths)
+        run_id = _run_id(cfg, paths)
+        if sink is None and cfg.kafka_bootstrap_servers:
+            topics = Topics.for_prefix(cfg.kafka_topic_prefix)
+            sink = await KafkaSink(cfg.kafka_bootstrap_servers, topics).start()
+        collector = _Collector(cfg, paths, sink, run_id, attempts, plan)
+        try:
+            urls = await collector.run()
+        finally:
+            collector.close()
+        finished = True
+    finally:
+        if sink is not None:
+            await sink.close(finished)
+    aggregated = await _aggregate(cfg, paths, collector.kept, urls) if collector.kept else False
+    persisted = len(plan.cached) + collector.completed
+    if plan.todo and not persisted:
+        raise CollectionFailed(
+            f"None of the {len(plan.todo)} dispatched rollouts produced a result; the "
+            f"failures are in {paths.failures}"
+        )
+    return CollectReport(
+        run_id,
+        paths,
+        len(plan.rows),
+        len(plan.cached),
+        collector.completed,
+        collector.failed,
+        time.perf_counter() - began,
+        aggregated,
+    )
+
+
+class CollectionFailed(RewardstreamError):
+    """Nothing at all was collected (every row failed)."""
+
+
+async def _aggregate(
+    cfg: CollectConfig, paths: CollectionPaths, kept: list[dict[str, Any]], urls: dict[str, str]
+) -> bool:
+    """Ask each agent for its aggregate metrics (spec §1.8); a refusal only costs the file."""
+    if cfg.disable_aggregation:
+        return False
+    by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for entry in sorted(kept, key=lambda e: (e["_ng_task_index"], e["_ng_rollout_index"])):
+        by_agent[_agent(entry)].append(entry)
+    out = []
+    async with ClientSession(timeout=ClientTimeout(total=600)) as session:
+        for agent, entries in by_agent.items():
+            url = urls.get(agent)
+            try:
+                if url is None:
+                    raise InputError(f"agent {agent!r} has no known URL")
+                body = orjson.dumps({"verify_responses": entries})
+                async with session.post(f"{url}/aggregate_metrics", data=body, headers=_JSON) as r:
+                    if r.status != 200:
+                        raise InputError(f"HTTP {r.status}")
+                    metrics = orjson.loads(await r.read())
+            except (ClientError, TimeoutError, orjson.JSONDecodeError, InputError) as exc:
+                print(f"WARNING: no aggregate metrics from {agent!r}: {exc}", file=sys.stderr)
+                return False
+            out.append({"agent_ref": {"name": agent}} | metrics)
+    paths.aggregate.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    return True
+
+
+def run(config: dict[str, Any], sink: EventSink | None = None) -> CollectReport:
+    """Validate ``config`` and collect (blocking); prints NeMo Gym's closing lines."""
+    try:
+        cfg = CollectConfig.model_validate(config)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "config"
+        raise InputError(f"invalid configuration {field!r}: {err['msg']}") from None
+    report = uvloop.run(collect(cfg, sink))
+    print("Finished rollout collection! View results at:")
+    print(f"Fully materialized inputs: {report.paths.inputs}")
+    print(f"Rollouts: {report.paths.rollouts}")
+    print(f"Aggregate metrics: {report.paths.aggregate if report.aggregate_written else None}")
+    if report.failed:
+        print(f"Failed attempts: {report.failed} (not rewards), in {report.paths.failures}")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    prog = "ng_collect_rollouts"
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print("usage:", (__doc__ or "").split("\n\n")[1].strip())
+        return 0
+
+    def go() -> int:
+        config = parse_overrides(args)
+        missing = [k for k in ("input_jsonl_fpath", "output_jsonl_fpath") if k not in config]
+        if missing:
+            raise InputError(f"missing required configuration: +{missing[0]}=<value>")
+        run(config)
+        return 0
+
+    return _run_guarded(prog, go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Expand an input JSONL into NeMo Gym's materialized rows (spec §1.3), byte for byte.
+
+Supported: ``limit``, agent routing (``agent_ref``, ``agent_name``, ``agent_map`` with
+``_default``), ``responses_create_params`` overrides (a shallow merge, new keys last in the
+order given), task indices keyed by the raw line text, ``num_repeats`` (int or per-agent dict),
+``num_repeats_add_seed`` and ``interleave_repeats``. Not supported (rejected by the config):
+``fan_out``, ``prompt_config``, ``skills``, and rows that name only a ``task_source``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from rewardstream.errors import InputError, LineError
+from rewardstream.jsonl import check_input_file, parse_line
+
+__all__ = ["MaterializeOptions", "materialize", "write_rows"]
+
+log = logging.getLogger(__name__)
+
+RCP = "responses_create_params"
+
+
+class MaterializeOptions(BaseModel):
+    """The config keys that shape the materialized rows."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    agent_name: str | None = None
+    agent_map: dict[str, str] | None = None
+    limit: int | None = None
+    num_repeats: int | dict[str, int] | None = 1
+    num_repeats_add_seed: bool = False
+    interleave_repeats: bool = False
+    responses_create_params: dict[str, Any] = {}
+
+    @field_validator("num_repeats")
+    @classmethod
+    def _repeats(cls, value: int | dict[str, int] | None) -> int | dict[str, int]:
+        if value is None:
+            return 1
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"num_repeats must be >= 1, got {value}")
+        if isinstance(value, dict) and any(v < 1 for v in value.values()):
+            raise ValueError(f"num_repeats dict values must be >= 1, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _agents(self) -> MaterializeOptions:
+        default = (self.agent_map or {}).get("_default")
+        if self.agent_name and default and default != self.agent_name:
+            raise ValueError(
+                f"agent_name={self.agent_name!r} conflicts with agent_map._default={default!r}. "
+                "Set only one of them."
+            )
+        return self
+
+    def routes(self) -> dict[str, str]:
+        """``agent_map`` with ``agent_name`` as its ``_default``."""
+        routes = dict(self.agent_map or {})
+        if self.agent_name:
+            routes["_default"] = self.agent_name
+        return routes
+
+
+def _raw_lines(path: Path, limit: int | None) -> Iterator[tuple[int, bytes]]:
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if limit and lineno > limit:
+                return
+            yield lineno, raw
+
+
+def _route(row: dict[str, Any], routes: dict[str, str], overridden: set[str]) -> str | None:
+    """The row's agent after ``agent_map``; replaces its ``agent_ref`` when a route applies."""
+    ref = row.get("agent_ref")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    source = row.get("task_source")
+    mapped = routes.get(name or "") or routes.get(source or "") or routes.get("_default")
+    if mapped is None:
+        return name if isinstance(name, str) else None
+    if name is not None and name != mapped:
+        overridden.add(f"{name!r} -> {mapped!r}")
+    row["agent_ref"] = {"name": mapped}
+    return mapped
+
+
+def _seeded(rcp: dict[str, Any], seed: int) -> dict[str, Any]:
+    """``rcp`` with ``metadata.extra_body`` a Python-style JSON string holding ``seed``."""
+    metadata = dict(rcp.get("metadata") or {})
+    extra = json.loads(metadata.get("extra_body") or "{}")
+    extra["seed"] = seed
+    metadata["extra_body"] = json.dumps(extra)
+    return rcp | {"metadata": metadata}
+
+
+def materialize(path: Path, options: MaterializeOptions) -> list[dict[str, Any]]:
+    """The materialized rows of ``path`` in NeMo Gym's order and key order."""
+    path = check_input_file(path, "--input")
+    routes, overrides = options.routes(), options.responses_create_params
+    task_of_line: dict[bytes, int] = {}
+    next_rollout: dict[int, int] = {}
+    unrouted: list[int] = []
+    overridden: set[str] = set()
+    rows: list[dict[str, Any]] = []
+    for lineno, raw in _raw_lines(path, options.limit):
+        row = parse_line(raw, path, lineno)
+        if not isinstance(row, dict):
+            raise LineError(str(path), lineno, "not a JSON object")
+        agent = _route(row, routes, overridden)
+        if agent is None:
+            unrouted.append(lineno - 1)
+            continue
+        if not isinstance(row.get(RCP), dict):
+            raise LineError(str(path), lineno, f"missing field {RCP!r} (an object)")
+        if overrides:
+            row[RCP] = row[RCP] | overrides
+        task = row.get("_ng_task_index")
+        if task is None:
+            task = row["_ng_task_index"] = task_of_line.setdefault(raw, len(task_of_line))
+        elif not isinstance(task, int) or isinstance(task, bool):
+            raise LineError(str(path), lineno, "'_ng_task_index' must be an integer")
+        repeats = options.num_repeats
+        if isinstance(repeats, dict):
+            count = repeats.get(agent, repeats.get("_default"))
+            if count is None:
+                raise LineError(
+                    str(path),
+                    lineno,
+                    f"num_repeats dict has no entry for {agent!r} and no '_default' fallback",
+                )
+        else:
+            count = repeats or 1
+        for _ in range(count):
+            rollout = next_rollout.get(task, 0)
+            next_rollout[task] = rollout + 1
+            copy = dict(row)
+            if options.num_repeats_add_seed:
+                copy[RCP] = _seeded(copy[RCP], rollout)
+            copy["_ng_rollout_index"] = rollout
+            rows.append(copy)
+    if unrouted:
+        raise InputError(
+            f"{path}: No agent specified for rows {unrouted}. Provide +agent_name (or "
+            "+agent_map with a _default entry), or include agent_ref in the data."
+        )
+    if overridden:
+        log.warning(
+            "agent_map overrode agent_ref values already present in the data: %s",
+            ", ".join(sorted(overridden)),
+        )
+    if options.interleave_repeats:
+        rows.sort(key=lambda r: int(r["_ng_rollout_index"]))
+    return rows
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write rows as orjson lines to a temporary name, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as fh:
+        for row in rows:
+            fh.write(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+    tmp.replace(path)
