@@ -1,11 +1,18 @@
-"""Stream processor throughput: rollouts consumed and folded per second from a pre-filled topic.
+"""Stream processor throughput from pre-filled topics, in two numbers.
 
     python -m bench.stream_bench [--tasks 20000] [--repeats 8] [--bootstrap HOST:PORT]
 
-Generates a collection (bench/generate.py), writes its events to fresh topics, then starts a
-:class:`processors.stream.StreamProcessor` and times it from start until the run's final
-profile is written (consume + decode + dedupe + fold + final build and write). Without
-``--bootstrap`` it starts its own broker from the Maven jars.
+Generates a collection (bench/generate.py) and writes its events to fresh topics. Then:
+
+1. **mixed**: a :class:`processors.stream.StreamProcessor` starts on topics holding every input
+   row and every rollout, and is timed from partition assignment until the run's final profile
+   is written (consume + decode + dedupe + fold + final build and write);
+2. **rollouts**: the production shape, where a collection's inputs arrive before its rollouts:
+   a first processor consumes the inputs and checkpoints; the rollouts are then pre-filled and a
+   second processor, resuming from that checkpoint, is timed from assignment until it has
+   consumed the last rollout (before the final profile; its write is reported on its own).
+
+Without ``--bootstrap`` it starts its own broker from the Maven jars.
 """
 
 from __future__ import annotations
@@ -14,61 +21,84 @@ import argparse
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
 from bench.generate import generate
 from bench.measure import kafka_workspace
+from processors.runs import Run
 from processors.stream import StreamProcessor
-from producers.events import input_events, rollout_events
+from producers.events import WireEvent, input_events, rollout_events
 from rewardstream.contract import RunStarted, Topics, encode
 
 
-async def prefill(bootstrap: str, topics: Topics, inputs: Path, rollouts: Path, run_id: str) -> int:
+async def prefill(bootstrap: str, topics: Topics, events: list[WireEvent]) -> None:
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20, max_request_size=8 << 20
     )
     await producer.start()
-    n = 0
     try:
-        topic = {"input": topics.inputs, "rollout": topics.rollouts}
-        for event in [*input_events(inputs, run_id), *rollout_events(rollouts, run_id)]:
+        topic = {"input": topics.inputs, "rollout": topics.rollouts, "control": topics.control}
+        for event in events:
             await producer.send(topic[event.kind], event.value, key=event.key)
-            n += event.kind == "input"
-        started = RunStarted(run_id=run_id, expected_rollouts=n, output_stem=rollouts.stem)
-        await producer.send(topics.control, encode(started), key=run_id.encode())
         await producer.flush()
     finally:
         await producer.stop()
-    return n
+
+
+async def run_until(
+    processor: StreamProcessor, done: Callable[[Run], bool], final: bool = False
+) -> tuple[float, float]:
+    """Run ``processor`` until ``done(run)`` (and, with ``final``, its final profile is written):
+    seconds from assignment to ``done``, and from then to the final profile."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(processor.run(stop))
+    while processor.assigned_at is None:  # timed from the end of the group join
+        await asyncio.sleep(0.001)
+    first = processor.assigned_at
+    runs = processor.pipeline.runs
+    while not ("run" in runs and done(runs["run"])):
+        await asyncio.sleep(0.002)
+    consumed = written = time.monotonic()
+    while final and not runs["run"].done:
+        await asyncio.sleep(0.002)
+        written = time.monotonic()
+    stop.set()
+    await task
+    return consumed - first, written - consumed
 
 
 async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
     stem = work / "r"
     generate(tasks, repeats, stem, text_bytes=2000, seed=0)
-    inputs, rollouts = stem.with_name("r_materialized_inputs.jsonl"), stem.with_name("r.jsonl")
+    inputs = list(input_events(stem.with_name("r_materialized_inputs.jsonl"), "run"))
+    rollouts = list(rollout_events(stem.with_name("r.jsonl"), "run"))
+    started = RunStarted(run_id="run", expected_rollouts=len(inputs), output_stem="r")
+    control = WireEvent("control", b"run", encode(started))
+    n = len(rollouts)
+
     topics = Topics.for_prefix(f"bench-{uuid.uuid4().hex[:8]}")
-    t0 = time.perf_counter()
-    n = await prefill(bootstrap, topics, inputs, rollouts, "run")
-    fill = time.perf_counter() - t0
-    print(f"pre-filled {n} inputs + {n} rollouts in {fill:.1f} s (not counted)")
-    processor = StreamProcessor(bootstrap, work / "out", topics, checkpoint_every=1e9)
-    stop = asyncio.Event()
-    start = time.monotonic()
-    task = asyncio.create_task(processor.run(stop))
-    while processor.assigned_at is None:  # timed from the end of the group join
-        await asyncio.sleep(0.001)
-    first = processor.assigned_at
-    while not ("run" in processor.pipeline.runs and processor.pipeline.runs["run"].done):
-        await asyncio.sleep(0.005)
-    done = time.monotonic()
-    stop.set()
-    await task
-    print(f"start to partition assignment (group join): {first - start:.1f} s")
+    await prefill(bootstrap, topics, [*inputs, *rollouts, control])
+    mixed = StreamProcessor(bootstrap, work / "mixed", topics, checkpoint_every=1e9)
+    seconds, _ = await run_until(mixed, lambda run: run.done)
     print(
-        f"processor: {n} rollouts (+{n} inputs) consumed, folded and final profile written "
-        f"(timed from assignment) in {done - first:.1f} s = {n / (done - first):,.0f} rollouts/s"
+        f"mixed: {n:,} rollouts + {len(inputs):,} inputs consumed, folded, final profile "
+        f"written in {seconds:.2f} s = {n / seconds:,.0f} rollouts/s "
+        f"({(n + len(inputs)) / seconds:,.0f} events/s)"
+    )
+
+    topics = Topics.for_prefix(f"bench-{uuid.uuid4().hex[:8]}")
+    await prefill(bootstrap, topics, [*inputs, control])
+    first = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
+    await run_until(first, lambda run: run.inputs == len(inputs))  # checkpointed on stop
+    await prefill(bootstrap, topics, rollouts)
+    second = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
+    seconds, final = await run_until(second, lambda run: run.local_rollouts == n, final=True)
+    print(
+        f"rollouts: {n:,} consumed and folded in {seconds:.2f} s = {n / seconds:,.0f} "
+        f"rollouts/s; final profile written {final:.2f} s later"
     )
 
 

@@ -24,7 +24,13 @@ import logging
 import time
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from processors.checkpoint import CheckpointStore
@@ -39,6 +45,10 @@ __all__ = ["StreamProcessor"]
 log = logging.getLogger(__name__)
 
 _PEERS_EVERY = 0.5  # seconds between reads of the peers' manifests
+_BATCH = 10_000  # records per fetched batch
+_SLICE = 2_000  # records applied between two chances for the fetcher to run
+
+Batch = dict[TopicPartition, list[ConsumerRecord]]
 
 
 class StreamProcessor:
@@ -68,6 +78,7 @@ class StreamProcessor:
             self.topics.rollouts: "rollout",
         }
         self.consumed = 0
+        self._generation = 0  # assignments so far: batches fetched under an older one are stale
         self.assigned_at: float | None = None  # time.monotonic() of the last partition assignment
         self.checkpoint_every = checkpoint_every
 
@@ -106,12 +117,17 @@ class StreamProcessor:
             stack.push_async_callback(data.stop)
             stack.callback(self.save_checkpoint)
             self._data = data
+            fetched: asyncio.Queue[tuple[int, Batch]] = asyncio.Queue(maxsize=1)
             loops = [
-                asyncio.create_task(self._consume(data, producer, stop)),
+                asyncio.create_task(self._fetch(data, fetched)),
+                asyncio.create_task(self._consume(fetched, producer, stop)),
                 asyncio.create_task(self._control(control, producer, stop)),
             ]
             try:
-                await asyncio.gather(*loops)
+                await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+                for task in loops:  # a loop that failed raises here
+                    if task.done():
+                        task.result()
             finally:
                 for task in loops:
                     task.cancel()
@@ -181,26 +197,29 @@ class StreamProcessor:
             if self._rejected:
                 await self._dead_letters(producer)
 
+    async def _fetch(
+        self, consumer: AIOKafkaConsumer, out: asyncio.Queue[tuple[int, Batch]]
+    ) -> None:
+        """Fetch the next batch while the current one is applied (the queue holds one), tagged
+        with the assignment generation it was fetched in."""
+        while True:
+            batch = await consumer.getmany(timeout_ms=200, max_records=_BATCH)
+            await out.put((self._generation, batch))
+
     async def _consume(
-        self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, stop: asyncio.Event
+        self,
+        fetched: asyncio.Queue[tuple[int, Batch]],
+        producer: AIOKafkaProducer,
+        stop: asyncio.Event,
     ) -> None:
         last_save = last_peers = time.monotonic()
         while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=200, max_records=20_000)
+            generation, batch = await fetched.get()
+            if generation != self._generation:  # fetched before a rebalance: positions moved
+                continue
             touched: dict[str, Run] = {}
             for tp, records in batch.items():
-                unit = self.pipeline.units.get(self.unit_name(tp))
-                if unit is None or not records:  # revoked since the fetch
-                    continue
-                kind = self._kinds[tp.topic]
-                for record in records:
-                    self._at = f"{tp.topic}:{tp.partition}:{record.offset}"
-                    run = self.pipeline.handle(kind, record.value or b"", unit.name)
-                    if run is not None:
-                        touched[run.run_id] = run
-                self.consumed += len(records)
-                unit.position = records[-1].offset + 1
-                unit.dirty = True
+                await self._apply(tp, records, touched)
             now = time.monotonic()
             if self.pipeline.peer_units and now - last_peers >= _PEERS_EVERY:
                 self.pipeline.refresh_peers()
@@ -215,6 +234,27 @@ class StreamProcessor:
                 self.save_checkpoint()  # when idle too, so peers see a finished share at once
                 last_save = now
 
+    async def _apply(
+        self, tp: TopicPartition, records: list[ConsumerRecord], touched: dict[str, Run]
+    ) -> None:
+        """Apply one partition's records, a slice at a time: between slices the fetcher (and a
+        rebalance) may run; a unit revoked meanwhile is left, from the record it stopped at."""
+        name, kind = self.unit_name(tp), self._kinds[tp.topic]
+        for start in range(0, len(records), _SLICE):
+            unit = self.pipeline.units.get(name)
+            if unit is None:
+                return
+            part = records[start : start + _SLICE]
+            for record in part:
+                self._at = f"{tp.topic}:{tp.partition}:{record.offset}"
+                run = self.pipeline.handle(kind, record.value or b"", name)
+                if run is not None:
+                    touched[run.run_id] = run
+            self.consumed += len(part)
+            unit.position = part[-1].offset + 1
+            unit.dirty = True
+            await asyncio.sleep(0)
+
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     """Units follow their partitions: checkpointed when revoked, resumed when assigned."""
@@ -224,6 +264,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         pipeline, store = self.processor.pipeline, self.processor.store
+        self.processor._generation += 1
         for tp in revoked:
             unit = pipeline.units.get(self.processor.unit_name(tp))
             if unit is not None:
@@ -234,6 +275,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         processor, pipeline = self.processor, self.processor.pipeline
         processor.assigned_at = time.monotonic()
+        processor._generation += 1
         for tp in assigned:
             name = processor.unit_name(tp)
             if name in pipeline.units:

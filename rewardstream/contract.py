@@ -235,6 +235,7 @@ def rollout_of(event: RolloutEvent) -> Rollout:
 _ROLLOUT_KEYS = frozenset(RolloutEvent.model_fields)
 _RECORD_KEYS = frozenset(RolloutRecord.model_fields)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FLOATS = frozenset((float,))
 _RUN_ID_RE = re.compile(_RUN_ID)
 _known_run_ids: set[str] = set()  # checked already; a handful per processor
 _known_columns: set[tuple[tuple[Any, ...], tuple[Any, ...]]] = set()  # (names, ints) checked
@@ -286,7 +287,7 @@ def _rollout_fast(d: Any) -> Rollout | None:
         if len(_known_columns) > 10_000:
             _known_columns.clear()
         _known_columns.add(columns)
-    if len(values) != len(names) or not all(type(x) is float for x in values):
+    if len(values) != len(names) or not set(map(type, values)) <= _FLOATS:
         return None
     try:
         encoded = orjson.dumps(info)

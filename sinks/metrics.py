@@ -1,8 +1,11 @@
 """Prometheus metrics of the stream processor.
 
-Counters and the latency histogram are updated as events are applied; reward statistics are
-computed at scrape time by a custom collector from the live Welford moments of each run and
-agent, so a scrape costs O(runs x agents), never O(rollouts). No label is per task.
+Per event, the hot path only notes the rollout's agent and its publish-to-visible latency
+(~0.3 us; prometheus_client's ``inc`` and ``observe`` cost ~3 us together); the notes are folded
+into the counter and the histogram's buckets with numpy at scrape time, or every 64 Ki events.
+Reward statistics are computed at scrape time by a custom collector from the live Welford
+moments of each run and agent, so a scrape costs O(runs x agents + new events), never
+O(rollouts). No label is per task.
 """
 
 from __future__ import annotations
@@ -11,8 +14,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -24,14 +33,18 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class _LiveCollector(Collector):
-    """Reward mean/std/min/max by (run, agent), completion by run, and consumer lag."""
+    """Reward mean/std/min/max by (run, agent), completion by run, consumer lag, latency."""
 
     def __init__(
-        self, runs: Callable[[], dict[str, Run]], lag: Callable[[], dict[str, int]]
+        self,
+        runs: Callable[[], dict[str, Run]],
+        lag: Callable[[], dict[str, int]],
+        folded: Callable[[], Iterator[Metric]],
     ) -> None:
-        self._runs, self._lag = runs, lag
+        self._runs, self._lag, self._folded = runs, lag, folded
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
+        yield from self._folded()
         stats = {
             name: GaugeMetricFamily(
                 f"rewardstream_reward_{name}",
@@ -89,12 +102,6 @@ class Metrics:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.registry = registry or CollectorRegistry()
-        self.rollouts = Counter(
-            "rewardstream_rollouts_consumed",
-            "rollouts consumed (deduplicated)",
-            ["agent"],
-            registry=self.registry,
-        )
         self.duplicates = Counter(
             "rewardstream_duplicates_dropped",
             "redelivered or republished events dropped",
@@ -107,19 +114,46 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
-        self.latency = Histogram(
-            "rewardstream_publish_to_visible_seconds",
-            "from the publisher's send to the rollout being in the live profile",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.registry.register(_LiveCollector(runs, lag))
-        self._consumed: dict[str | None, Counter] = {}  # children by agent: labels() is slow
+        self._buckets = np.zeros(len(_LATENCY_BUCKETS) + 1, dtype=np.int64)  # last: +Inf
+        self._latency_sum = 0.0
+        self._consumed: dict[str, int] = {}  # rollouts by agent, folded
+        self._agents: dict[str | None, int] = {}  # rollouts noted since the last fold
+        self._latencies: list[float] = []
+        self.registry.register(_LiveCollector(runs, lag, self._families))
 
     def rollout(self, agent: str | None, published_at: float) -> None:
-        """Count one consumed rollout and its publish-to-visible latency (per event: cheap)."""
-        child = self._consumed.get(agent)
-        if child is None:
-            child = self._consumed[agent] = self.rollouts.labels(agent or "")
-        child.inc()
-        self.latency.observe(max(0.0, time.time() - published_at))
+        """Note one consumed rollout and its publish-to-visible latency (the hot path)."""
+        self._agents[agent] = self._agents.get(agent, 0) + 1
+        self._latencies.append(time.time() - published_at)
+        if len(self._latencies) >= 1 << 16:
+            self.fold()
+
+    def fold(self) -> None:
+        """Move the noted rollouts into the counter and the latency buckets."""
+        agents, self._agents = self._agents, {}
+        latencies, self._latencies = np.maximum(np.array(self._latencies), 0.0), []
+        for agent, n in agents.items():
+            self._consumed[agent or ""] = self._consumed.get(agent or "", 0) + n
+        where = np.searchsorted(np.array(_LATENCY_BUCKETS), latencies, side="left")
+        self._buckets += np.bincount(where, minlength=len(self._buckets))
+        self._latency_sum += float(latencies.sum())
+
+    def _families(self) -> Iterator[Metric]:
+        """The folded counter and histogram, as of now."""
+        self.fold()
+        consumed = CounterMetricFamily(
+            "rewardstream_rollouts_consumed",
+            "rollouts consumed (deduplicated)",
+            labels=["agent"],
+        )
+        for agent, n in self._consumed.items():
+            consumed.add_metric([agent], n)
+        yield consumed
+        bounds = [*map(str, _LATENCY_BUCKETS), "+Inf"]
+        cumulative = np.cumsum(self._buckets).tolist()
+        yield HistogramMetricFamily(
+            "rewardstream_publish_to_visible_seconds",
+            "from the publisher's send to the rollout being in the live profile",
+            buckets=list(zip(bounds, cumulative, strict=True)),
+            sum_value=self._latency_sum,
+        )

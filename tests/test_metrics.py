@@ -161,3 +161,17 @@ async def test_real_prometheus_scrapes_the_processor(served: tuple[str, Pipeline
     assert isinstance(value, list) and float(value[1]) == 8.0
     means = await asyncio.to_thread(_query, url, 'rewardstream_reward_mean{run_id="m"}')
     assert {m["metric"]["agent"] for m in means} == {"alpha", "beta"}  # type: ignore[index]
+
+
+def test_latency_notes_fold_into_cumulative_le_buckets() -> None:
+    metrics = Metrics(dict)
+    now = time.time()
+    for age in (0.001, 0.01, 0.2, 100.0):
+        metrics.rollout("a", now - age)
+    got = _samples(metrics)
+    bucket = "rewardstream_publish_to_visible_seconds_bucket"
+    assert got[(bucket, (("le", "0.005"),))] == 1
+    assert got[(bucket, (("le", "0.025"),))] == 2
+    assert got[(bucket, (("le", "0.25"),))] == 3
+    assert got[(bucket, (("le", "+Inf"),))] == 4
+    assert got[("rewardstream_rollouts_consumed_total", (("agent", "a"),))] == 4
