@@ -17,7 +17,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from processors.pipeline import EventKind, Pipeline, Rejected
 from processors.runs import Run
 from producers.lines import MAX_MESSAGE_BYTES
-from producers.publish import _Sender
+from producers.publish import Sender
 from rewardstream.contract import Topics
 from rewardstream.errors import InputError
 from sinks.files import ProfilePaths
@@ -36,7 +36,7 @@ class EventSink(Protocol):
 class KafkaSink:
     """Publishes to the contract's topics with an idempotent producer, keyed as the publisher.
 
-    One task owns the batching :class:`~producers.publish._Sender`; it hands over partly filled
+    One task owns the batching :class:`~producers.publish.Sender`; it hands over partly filled
     batches whenever it has caught up, so at a collection's pace every rollout leaves at once,
     and at a burst's pace batches fill.
     """
@@ -63,10 +63,10 @@ class KafkaSink:
         except KafkaConnectionError as exc:
             await self._producer.stop()
             raise InputError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from None
-        self._pump = asyncio.create_task(self._run(_Sender(self._producer)))
+        self._pump = asyncio.create_task(self._run(Sender(self._producer)))
         return self
 
-    async def _run(self, sender: _Sender) -> None:
+    async def _run(self, sender: Sender) -> None:
         queue = self._queue
         while (item := await queue.get()) is not None:
             topic, key, value = item

@@ -50,7 +50,7 @@ from rewardstream.contract import RunFinished, RunStarted, Topics, encode, run_i
 from rewardstream.errors import InputError
 from rewardstream.jsonl import check_input_file
 
-__all__ = ["PublishReport", "default_run_id", "publish_files"]
+__all__ = ["PublishReport", "Sender", "default_run_id", "publish_files"]
 
 POLL_SECONDS = 0.2
 WINDOW = 5_000  # messages in flight before the publisher waits for acknowledgements
@@ -108,7 +108,7 @@ async def publish_files(
             None if follow else stack.enter_context(Encoder(rollouts, rollout_event, run_id))
         )
         producer = await _start_producer(bootstrap)
-        sender = _Sender(producer)
+        sender = Sender(producer)
         bar = tqdm(
             desc=f"publishing {rollouts.name}",
             unit=" rollouts",
@@ -164,7 +164,7 @@ def _check_run(run_id: str, stem: str) -> None:
         raise InputError(f"invalid {field} {err['input']!r}: {err['msg']}") from None
 
 
-class _Sender:
+class Sender:
     """Fills one record batch per partition itself and hands each over whole, when full.
 
     ``AIOKafkaProducer.send()`` costs about as much per message as parsing and validating a
@@ -264,7 +264,7 @@ class _Sender:
 
 
 async def _local(chunks: Iterable[Chunk]) -> AsyncIterator[Chunk]:
-    """Chunks encoded in this process, for :meth:`_Sender.send_all`."""
+    """Chunks encoded in this process, for :meth:`Sender.send_all`."""
     for chunk in chunks:
         yield chunk
 
@@ -273,7 +273,7 @@ class _RolloutPublisher:
     """Sends rollouts events: the whole file once (encoded by children), or a growing file."""
 
     def __init__(
-        self, path: Path, topic: str, sender: _Sender, run_id: str, bar: tqdm[Any]
+        self, path: Path, topic: str, sender: Sender, run_id: str, bar: tqdm[Any]
     ) -> None:
         self.path, self.topic, self.sender, self.run_id, self.bar = path, topic, sender, run_id, bar
         self.sent = 0

@@ -10,7 +10,7 @@ import signal
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import orjson
 import pytest
@@ -103,6 +103,14 @@ def test_two_processors_split_partitions_and_write_the_batch_profile(
     assert main([*argv, "--quiet"]) == 0
     for p in group:  # the non-leader learns it from the final mark
         p.wait(_done("run"))
+    _assert_batch_files(out / "run", inputs.parent)
+
+    # republishing the same files changes nothing: every event is a counted duplicate
+    assert main([*argv, "--quiet"]) == 0
+    def duplicates(_: Runs) -> bool:
+        return sum(cast(int, p.runs()["run"]["duplicates"]) for p in group) == 40_000
+
+    group[0].wait(duplicates)
     _assert_batch_files(out / "run", inputs.parent)
 
     # any member's snapshot merges both members' parts: here, the whole run
