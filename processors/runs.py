@@ -27,6 +27,7 @@ import orjson
 from processors.state import LOCATOR_BITS, ProfileState, row_key
 from processors.welford import RunningStats
 from rewardstream.contract import InputEvent, Rollout, RunStarted
+from rewardstream.errors import InvalidRow
 
 __all__ = ["Counts", "Merged", "Part", "Run", "Spill", "Unit", "merge_parts"]
 
@@ -113,6 +114,12 @@ class _KeySet:
         self._masks: dict[int, int] = {}
         self._other: set[tuple[int, int]] = set()
 
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        task, rollout = key
+        if not 0 <= rollout < 4096:
+            return key in self._other
+        return bool(self._masks.get(task, 0) >> rollout & 1)
+
     def add(self, task: int, rollout: int) -> bool:
         """Record the key; False when it was already there."""
         if not 0 <= rollout < 4096:
@@ -159,14 +166,22 @@ class Part:
         return self.state.num_results
 
     def add_input(self, event: InputEvent) -> bool:
-        """Record one materialized row; False when it was seen before."""
-        if not self._keys.add(*row_key(event.row)):
+        """Record one materialized row; False when it was seen before. A bad row raises
+        :class:`InvalidRow` and leaves its key unseen (a good copy may still come)."""
+        row = event.row
+        key = row_key(row)
+        if key in self._keys:
             self.duplicates += 1
             return False
-        row = event.row
         sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
-        locator = self._spill().append(orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE))
-        self.state.add_input(row, locator, event.line)
+        try:
+            line = orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE)
+        except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
+            raise InvalidRow(f"the row cannot be written back as JSON: {exc}") from None
+        spill = self._spill()
+        self.state.add_input(row, spill.size, event.line, key)  # validates first: then record
+        spill.append(line)
+        self._keys.add(*key)
         return True
 
     def add_rollout(self, event: Rollout) -> bool:

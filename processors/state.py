@@ -89,19 +89,25 @@ class ProfileState:
             self.names.append(name)
         return ident
 
-    def add_input(self, row: dict[str, Any], locator: int, order: int) -> None:
+    def add_input(
+        self, row: dict[str, Any], locator: int, order: int, key: tuple[int, int] | None = None
+    ) -> None:
         """Record one materialized row; ``locator`` lets the sink read its ``sample`` back.
 
         ``order`` is the row's position in the inputs file (its line, or byte offset): rows may
         arrive in any order (several partitions), but the profile reads them in file order.
+        ``key`` is ``row_key(row)`` when the caller has it already. A bad row raises
+        :class:`InvalidRow` before anything is recorded.
         """
-        task, rollout = row_key(row)
+        task, rollout = key or row_key(row)
         agent_ref = row.get("agent_ref")
-        agent = agent_ref.get("name") if isinstance(agent_ref, dict) else None
+        agent = _optional_name(
+            agent_ref.get("name") if isinstance(agent_ref, dict) else None, "agent_ref.name"
+        )
+        server = _optional_name(row.get("_ng_environment_server"), "_ng_environment_server")
         self.in_task.append(task)
         self.in_rollout.append(rollout)
-        self.in_agent.append(self._name_id(_optional_name(agent, "agent_ref.name")))
-        server = _optional_name(row.get("_ng_environment_server"), "_ng_environment_server")
+        self.in_agent.append(self._name_id(agent))
         self.in_server.append(self._name_id(server))
         self.in_locator.append(locator)
         self.in_order.append(order)

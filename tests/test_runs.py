@@ -9,6 +9,7 @@ import pytest
 from processors.records import extract_result
 from processors.runs import Part, merge_parts
 from rewardstream.contract import InputEvent, Rollout
+from rewardstream.errors import InvalidRow
 
 
 def _result(task: int, rollout: int) -> dict[str, float | int]:
@@ -55,3 +56,17 @@ def test_rollout_infos_moved_to_the_spill_come_back_in_the_profile(
     whole, parted = merge_parts([inputs, held]), merge_parts([inputs, spilled.copy()])
     assert bytes(parted.state.info_pool) == bytes(whole.state.info_pool)
     assert parted.state.info_end == whole.state.info_end
+
+
+def test_a_rejected_row_leaves_its_key_free_for_a_good_copy(tmp_path: Path) -> None:
+    part = Part(tmp_path / "s.jsonl")
+    key = {"_ng_task_index": 1, "_ng_rollout_index": 0}
+    deep: object = 0
+    for _ in range(300):  # parses, but orjson cannot write it back
+        deep = [deep]
+    for bad in ({"agent_ref": {"name": 5}, **key}, {"x": deep, **key}):
+        with pytest.raises(InvalidRow):
+            part.add_input(InputEvent(run_id="r", line=0, row=bad))
+    assert part.add_input(InputEvent(run_id="r", line=0, row={"q": 1, **key}))
+    assert (part.inputs, part.duplicates) == (1, 0)
+    assert merge_parts([part]).sample(0) == b'{"q":1}'
