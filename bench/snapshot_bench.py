@@ -3,10 +3,11 @@
     python -m bench.snapshot_bench [--tasks 100000] [--repeats 8] [--runs 3]
 
 Feeds a generated collection through the processor's :class:`Pipeline` in process (the
-snapshot is processor-side work; Kafka adds nothing to it), then times ``POST
-/runs/<id>/snapshot`` on the real HTTP endpoint, end to end (state copy, profile build,
-``sample`` read-back, rendering, response), while the run is incomplete (one rollout per task
-is held back, so it is a partial profile). Memory held per rollout is the RSS growth while
+snapshot is processor-side work; Kafka adds nothing to it), then times the snapshot built in
+process, and ``rewardstream snapshot`` (a separate process, as a user runs it) against the real
+HTTP endpoint, end to end (state copy, profile build, ``sample`` read-back, rendering, response,
+files written), while the run is incomplete (one rollout per task is held back, so it is a
+partial profile). Memory held per rollout is the RSS growth while
 ingesting, divided by the rollouts ingested (inputs included: the state needs them too).
 """
 
@@ -16,9 +17,9 @@ import argparse
 import asyncio
 import gc
 import statistics
+import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from bench.generate import generate
@@ -71,30 +72,31 @@ def main() -> None:
                 f"ingested {len(inputs):,} inputs + {len(kept):,} rollouts in {ingest:.1f} s; "
                 f"RSS growth {held / 2**20:,.0f} MiB = {held / len(kept):,.0f} B per rollout"
             )
-            asyncio.run(_snapshots(pipeline, a.runs, len(kept)))
+            for _ in range(a.runs):
+                t0 = time.perf_counter()
+                pipeline.snapshot_job("run")()
+                print(f"snapshot built in process (no HTTP): {time.perf_counter() - t0:.2f} s")
+            asyncio.run(_snapshots(pipeline, a.runs, len(kept), work / "snap"))
 
 
-async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int) -> None:
+async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int, out: Path) -> None:
     port = free_port()
     runner = await serve(make_app(pipeline, None), "127.0.0.1", port)
-    url = f"http://127.0.0.1:{port}/runs/run/snapshot"
+    cli = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--run-id", "run"]
+    cli += ["--url", f"http://127.0.0.1:{port}", "--out", str(out)]
     try:
         times = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            body = await asyncio.to_thread(_post, url)
+            child = await asyncio.create_subprocess_exec(*cli, stdout=asyncio.subprocess.DEVNULL)
+            assert await child.wait() == 0
             times.append(time.perf_counter() - t0)
-            print(
-                f"snapshot of {rollouts:,} rollouts: {times[-1]:.2f} s, {len(body) / 2**20:.0f} MiB"
-            )
+            size = sum(f.stat().st_size for f in out.iterdir())
+            mib = size / 2**20
+            print(f"rewardstream snapshot of {rollouts:,} rollouts: {times[-1]:.2f} s, {mib:.0f} MiB")
         print(f"median {statistics.median(times):.2f} s over {runs} runs")
     finally:
         await runner.cleanup()
-
-
-def _post(url: str) -> bytes:
-    with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=600) as r:
-        return bytes(r.read())
 
 
 if __name__ == "__main__":
