@@ -93,7 +93,7 @@ async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int, out: Path) ->
             times.append(time.perf_counter() - t0)
             size = sum(f.stat().st_size for f in out.iterdir())
             mib = size / 2**20
-            print(f"rewardstream snapshot of {rollouts:,} rollouts: {times[-1]:.2f} s, {mib:.0f} MiB")
+            print(f"rewardstream snapshot of {rollouts:,}: {times[-1]:.2f} s, {mib:.0f} MiB")
         print(f"median {statistics.median(times):.2f} s over {runs} runs")
     finally:
         await runner.cleanup()
