@@ -26,7 +26,7 @@ import orjson
 
 from processors.state import LOCATOR_BITS, ProfileState, row_key
 from processors.welford import RunningStats
-from rewardstream.contract import InputEvent, Rollout, RunStarted
+from rewardstream.contract import Input, Rollout, RunStarted
 from rewardstream.errors import InvalidRow
 
 __all__ = ["Counts", "Merged", "Part", "Run", "Spill", "Unit", "merge_parts"]
@@ -165,7 +165,7 @@ class Part:
     def rollouts(self) -> int:
         return self.state.num_results
 
-    def add_input(self, event: InputEvent) -> bool:
+    def add_input(self, event: Input) -> bool:
         """Record one materialized row; False when it was seen before. A bad row raises
         :class:`InvalidRow` and leaves its key unseen (a good copy may still come)."""
         row = event.row

@@ -40,6 +40,7 @@ from processors.records import ResultRecord
 __all__ = [
     "SCHEMA_VERSION",
     "ControlEvent",
+    "Input",
     "InputEvent",
     "Rollout",
     "RolloutEvent",
@@ -207,8 +208,31 @@ def encode_rollout(
 # exactly (spec §0.2: NaN/Infinity rejected, ints beyond 64 bits become floats).
 
 
-def decode_input(raw: bytes) -> InputEvent:
-    return InputEvent.model_validate(orjson.loads(raw))
+class Input(NamedTuple):
+    """A decoded input event, as the processor applies it."""
+
+    run_id: str
+    line: int
+    row: dict[str, Any]
+
+
+def decode_input(raw: bytes) -> Input:
+    """Raises ``ValueError`` (pydantic's ``ValidationError`` included) for a bad event."""
+    d = orjson.loads(raw)
+    if (
+        type(d) is dict
+        and d.keys() == _INPUT_KEYS
+        and type(d["v"]) is int
+        and d["v"] == SCHEMA_VERSION
+        and d["type"] == "input"
+        and type(d["line"]) is int
+        and d["line"] >= 0
+        and type(d["row"]) is dict
+        and _valid_run_id(d["run_id"])
+    ):
+        return Input(d["run_id"], d["line"], d["row"])
+    event = InputEvent.model_validate(d)
+    return Input(event.run_id, event.line, event.row)
 
 
 def decode_rollout(raw: bytes) -> Rollout:
@@ -233,12 +257,26 @@ def rollout_of(event: RolloutEvent) -> Rollout:
 
 
 _ROLLOUT_KEYS = frozenset(RolloutEvent.model_fields)
+_INPUT_KEYS = frozenset(InputEvent.model_fields)
 _RECORD_KEYS = frozenset(RolloutRecord.model_fields)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _FLOATS = frozenset((float,))
 _RUN_ID_RE = re.compile(_RUN_ID)
 _known_run_ids: set[str] = set()  # checked already; a handful per processor
 _known_columns: set[tuple[tuple[Any, ...], tuple[Any, ...]]] = set()  # (names, ints) checked
+
+
+def _valid_run_id(run_id: Any) -> bool:
+    """What the models' ``run_id`` field accepts (remembered: a handful per processor)."""
+    if type(run_id) is not str:
+        return False
+    if run_id not in _known_run_ids:
+        if not 0 < len(run_id) <= 200 or not _RUN_ID_RE.fullmatch(run_id):
+            return False
+        if len(_known_run_ids) > 10_000:
+            _known_run_ids.clear()
+        _known_run_ids.add(run_id)
+    return True
 
 
 def _rollout_fast(d: Any) -> Rollout | None:
@@ -251,14 +289,8 @@ def _rollout_fast(d: Any) -> Rollout | None:
     )  # fmt: skip
     if type(v) is not int or v != SCHEMA_VERSION or d["type"] != "rollout":
         return None
-    if type(run_id) is not str:
+    if not _valid_run_id(run_id):
         return None
-    if run_id not in _known_run_ids:
-        if not 0 < len(run_id) <= 200 or not _RUN_ID_RE.fullmatch(run_id):
-            return None
-        if len(_known_run_ids) > 10_000:
-            _known_run_ids.clear()
-        _known_run_ids.add(run_id)
     if type(task) is not int or type(rollout) is not int or type(at) is not float:
         return None
     if not (_INT64_MIN <= task <= _INT64_MAX and _INT64_MIN <= rollout <= _INT64_MAX):

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from processors.records import ResultRecord
 from rewardstream.contract import (
+    Input,
     InputEvent,
     Rollout,
     RolloutEvent,
@@ -100,12 +101,9 @@ _ODD = st.one_of(
 )
 
 
-@settings(max_examples=500, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(_PATHS), st.one_of(_ODD, st.just(KeyError))), max_size=3))
-def test_fast_rollout_decoding_accepts_exactly_what_the_model_accepts(
-    edits: list[tuple[tuple[str, ...], Any]],
-) -> None:
-    event = copy.deepcopy(_GOOD)
+def _edited(event: dict[str, Any], edits: list[tuple[tuple[str, ...], Any]]) -> dict[str, Any]:
+    """``event`` with each (path, value) set, or removed where the value is KeyError."""
+    event = copy.deepcopy(event)
     for path, value in edits:
         target = event
         for key in path[:-1]:
@@ -114,6 +112,20 @@ def test_fast_rollout_decoding_accepts_exactly_what_the_model_accepts(
             target.pop(path[-1], None)
         else:
             target[path[-1]] = value
+    return event
+
+
+_EDITS = st.lists(
+    st.tuples(st.sampled_from(_PATHS), st.one_of(_ODD, st.just(KeyError))), max_size=3
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_EDITS)
+def test_fast_rollout_decoding_accepts_exactly_what_the_model_accepts(
+    edits: list[tuple[tuple[str, ...], Any]],
+) -> None:
+    event = _edited(_GOOD, edits)
     raw = orjson.dumps(event)
     try:
         model = RolloutEvent.model_validate(event)
@@ -125,3 +137,23 @@ def test_fast_rollout_decoding_accepts_exactly_what_the_model_accepts(
     assert decoded.run_id == model.run_id and decoded.task == model.task
     assert decoded.record.values == tuple(map(float, model.record.values))
     assert decoded.record.info == orjson.dumps(model.record.info)
+
+
+_INPUT = orjson.loads(encode_input("run-1", 3, {"q": "x", "_ng_task_index": 1}))
+_INPUT_PATHS: list[tuple[str, ...]] = [("v",), ("run_id",), ("type",), ("line",), ("row",)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_INPUT_PATHS), st.one_of(_ODD, st.just(KeyError)))))
+def test_fast_input_decoding_accepts_exactly_what_the_model_accepts(
+    edits: list[tuple[tuple[str, ...], Any]],
+) -> None:
+    event = _edited(_INPUT, edits)
+    raw = orjson.dumps(event)
+    try:
+        model = InputEvent.model_validate(event)
+    except ValidationError:
+        with pytest.raises(ValueError):
+            decode_input(raw)
+        return
+    assert decode_input(raw) == Input(model.run_id, model.line, model.row)

@@ -31,6 +31,7 @@ from processors.state import row_key
 from producers.publish import PublishReport, default_run_id, publish_files
 from rewardstream.batch import load_state
 from rewardstream.contract import (
+    Input,
     InputEvent,
     Rollout,
     RolloutEvent,
@@ -118,13 +119,12 @@ async def test_golden_blackjack_round_trip(
 
     rows = rows_of(inputs)
     got_inputs = sorted(((decode_input(r.value), r) for r in input_records), key=_line)
-    assert [e for e, _ in got_inputs] == [
-        InputEvent(run_id=run_id, line=i, row=row) for i, row in enumerate(rows)
-    ]
+    assert [e for e, _ in got_inputs] == [Input(run_id, i, row) for i, row in enumerate(rows)]
     for row_event, record in got_inputs:
         assert record.key == task_key(row_event.row["_ng_task_index"])
         assert record.partition == key_partition(record.key, 3)
-        assert encode(row_event) == record.value  # the fast encoder writes the canonical bytes
+        model_in = InputEvent.model_validate(orjson.loads(record.value))
+        assert encode(model_in) == record.value  # the fast encoder writes the canonical bytes
 
     originals = {row_key(r): r for r in rows_of(rollouts)}
     assert len(rollout_records) == len(originals) == 5
@@ -148,7 +148,7 @@ async def test_golden_blackjack_round_trip(
     ]
 
 
-def _line(pair: tuple[InputEvent, ConsumerRecord]) -> int:
+def _line(pair: tuple[Input, ConsumerRecord]) -> int:
     return pair[0].line
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from processors.records import extract_result
 from processors.runs import Part, merge_parts
-from rewardstream.contract import InputEvent, Rollout
+from rewardstream.contract import Input, Rollout
 from rewardstream.errors import InvalidRow
 
 
@@ -34,7 +34,7 @@ def test_merged_parts_read_each_sample_from_its_own_spill(tmp_path: Path) -> Non
     parts = [Part(tmp_path / f"{i}.jsonl") for i in range(3)]
     for i, part in enumerate(parts):
         row = {"q": f"row {i}", "_ng_task_index": i, "_ng_rollout_index": 0}
-        assert part.add_input(InputEvent(run_id="r", line=i, row=row))
+        assert part.add_input(Input("r", i, row))
     merged = merge_parts(parts)
     locators = merged.state.column(merged.state.in_locator).tolist()
     assert [merged.sample(loc) for loc in locators] == [b'{"q":"row %d"}' % i for i in range(3)]
@@ -47,7 +47,7 @@ def test_rollout_infos_moved_to_the_spill_come_back_in_the_profile(
     rows = [{"q": t, "_ng_task_index": t, "_ng_rollout_index": r} for t in range(5) for r in (0, 1)]
     inputs, held, spilled = Part(tmp_path / "in"), Part(tmp_path / "a"), Part(tmp_path / "b")
     for line, row in enumerate(rows):
-        inputs.add_input(InputEvent(run_id="r", line=line, row=row))
+        inputs.add_input(Input("r", line, row))
     for row in rows:
         task, rollout = row["_ng_task_index"], row["_ng_rollout_index"]
         held.state.add_result(_result(task, rollout))
@@ -66,7 +66,7 @@ def test_a_rejected_row_leaves_its_key_free_for_a_good_copy(tmp_path: Path) -> N
         deep = [deep]
     for bad in ({"agent_ref": {"name": 5}, **key}, {"x": deep, **key}):
         with pytest.raises(InvalidRow):
-            part.add_input(InputEvent(run_id="r", line=0, row=bad))
-    assert part.add_input(InputEvent(run_id="r", line=0, row={"q": 1, **key}))
+            part.add_input(Input("r", 0, bad))
+    assert part.add_input(Input("r", 0, {"q": 1, **key}))
     assert (part.inputs, part.duplicates) == (1, 0)
     assert merge_parts([part]).sample(0) == b'{"q":1}'
