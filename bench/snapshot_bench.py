@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import statistics
 import sys
 import tempfile
@@ -23,18 +24,12 @@ import time
 from pathlib import Path
 
 from bench.generate import generate
+from bench.measure import tree_rss_kb
 from processors.http import make_app, serve
 from processors.pipeline import Pipeline
 from producers.events import input_events, rollout_events
 from rewardstream.contract import RunStarted, encode
 from rewardstream.kafka_local import free_port
-
-
-def rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def main() -> None:
@@ -57,7 +52,7 @@ def main() -> None:
                 kept.append(e)
         with Pipeline(work / "out") as pipeline:
             gc.collect()
-            before = rss_bytes()
+            before = tree_rss_kb(os.getpid()) * 1024
             t0 = time.perf_counter()
             for e in inputs:
                 pipeline.handle(e.kind, e.value)
@@ -67,7 +62,7 @@ def main() -> None:
                 pipeline.handle(e.kind, e.value)
             ingest = time.perf_counter() - t0
             gc.collect()
-            held = rss_bytes() - before
+            held = tree_rss_kb(os.getpid()) * 1024 - before
             print(
                 f"ingested {len(inputs):,} inputs + {len(kept):,} rollouts in {ingest:.1f} s; "
                 f"RSS growth {held / 2**20:,.0f} MiB = {held / len(kept):,.0f} B per rollout"

@@ -4,13 +4,14 @@ fast rollout decoder accepts exactly what the model accepts."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from processors.records import ResultRecord
 from rewardstream.contract import (
@@ -115,6 +116,19 @@ def _edited(event: dict[str, Any], edits: list[tuple[tuple[str, ...], Any]]) -> 
     return event
 
 
+def _model_unless_rejected(
+    model: type[BaseModel], decode: Callable[[bytes], object], event: dict[str, Any]
+) -> Any:
+    """The validated model of ``event``, or None when the model rejects it, after checking
+    that the fast decoder rejects it too."""
+    try:
+        return model.model_validate(event)
+    except ValidationError:
+        with pytest.raises(ValueError):
+            decode(orjson.dumps(event))
+        return None
+
+
 _EDITS = st.lists(
     st.tuples(st.sampled_from(_PATHS), st.one_of(_ODD, st.just(KeyError))), max_size=3
 )
@@ -126,14 +140,10 @@ def test_fast_rollout_decoding_accepts_exactly_what_the_model_accepts(
     edits: list[tuple[tuple[str, ...], Any]],
 ) -> None:
     event = _edited(_GOOD, edits)
-    raw = orjson.dumps(event)
-    try:
-        model = RolloutEvent.model_validate(event)
-    except ValidationError:
-        with pytest.raises(ValueError):
-            decode_rollout(raw)
+    model = _model_unless_rejected(RolloutEvent, decode_rollout, event)
+    if model is None:
         return
-    decoded = decode_rollout(raw)
+    decoded = decode_rollout(orjson.dumps(event))
     assert decoded.run_id == model.run_id and decoded.task == model.task
     assert decoded.record.values == tuple(map(float, model.record.values))
     assert decoded.record.info == orjson.dumps(model.record.info)
@@ -149,11 +159,6 @@ def test_fast_input_decoding_accepts_exactly_what_the_model_accepts(
     edits: list[tuple[tuple[str, ...], Any]],
 ) -> None:
     event = _edited(_INPUT, edits)
-    raw = orjson.dumps(event)
-    try:
-        model = InputEvent.model_validate(event)
-    except ValidationError:
-        with pytest.raises(ValueError):
-            decode_input(raw)
-        return
-    assert decode_input(raw) == Input(model.run_id, model.line, model.row)
+    model = _model_unless_rejected(InputEvent, decode_input, event)
+    if model is not None:
+        assert decode_input(orjson.dumps(event)) == Input(model.run_id, model.line, model.row)
