@@ -272,9 +272,7 @@ async def _local(chunks: Iterable[Chunk]) -> AsyncIterator[Chunk]:
 class _RolloutPublisher:
     """Sends rollouts events: the whole file once (encoded by children), or a growing file."""
 
-    def __init__(
-        self, path: Path, topic: str, sender: Sender, run_id: str, bar: tqdm[Any]
-    ) -> None:
+    def __init__(self, path: Path, topic: str, sender: Sender, run_id: str, bar: tqdm[Any]) -> None:
         self.path, self.topic, self.sender, self.run_id, self.bar = path, topic, sender, run_id, bar
         self.sent = 0
 

@@ -107,6 +107,7 @@ def test_two_processors_split_partitions_and_write_the_batch_profile(
 
     # republishing the same files changes nothing: every event is a counted duplicate
     assert main([*argv, "--quiet"]) == 0
+
     def duplicates(_: Runs) -> bool:
         return sum(cast(int, p.runs()["run"]["duplicates"]) for p in group) == 40_000
 
