@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from processors.checkpoint import CheckpointStore, Manifest
 from processors.profile import build_profile
-from processors.runs import Merged, Part, Run, Unit, merge_parts
+from processors.runs import Part, Run, Unit, merge_parts
 from rewardstream.contract import (
     RunFinished,
     RunStarted,
@@ -37,8 +37,6 @@ __all__ = ["SNAPSHOT_MEDIA_TYPE", "EventKind", "Pipeline", "Rejected", "Snapshot
 log = logging.getLogger(__name__)
 
 EventKind = Literal["input", "rollout", "control"]
-
-_FINAL_MARK = "final"  # <output>/<run_id>/.state/final: the final profile is written
 
 
 class Rejected(NamedTuple):
@@ -125,8 +123,12 @@ class Pipeline:
         run = self.runs.get(run_id)
         if run is None:
             run = self.runs[run_id] = Run(run_id)
-            run.done = (self.output_dir / run_id / ".state" / _FINAL_MARK).exists()
+            run.done = self._final_mark(run_id).exists()
         return run
+
+    def _final_mark(self, run_id: str) -> Path:
+        """Present once the run's final profile is written (by whichever processor)."""
+        return self.output_dir / run_id / ".state" / "final"
 
     def unit(self, name: str) -> Unit:
         """The owned unit ``name``, created empty if new."""
@@ -146,14 +148,13 @@ class Pipeline:
             run.foreign.pop(unit.name, None)
         return unit
 
-    def release(self, name: str) -> Unit | None:
+    def release(self, name: str) -> None:
         """Stop owning a unit (revoked): its parts leave their runs."""
         unit = self.units.pop(name, None)
         if unit is not None:
             for run_id in unit.parts:
                 self.runs[run_id].parts.pop(name, None)
             unit.close()
-        return unit
 
     def set_peer_units(self, names: set[str]) -> None:
         """The units other processors own (all the topics' partitions but this one's)."""
@@ -172,7 +173,7 @@ class Pipeline:
                 if run.run_id in m.runs
             }
             if not run.done:
-                run.done = (self.output_dir / run.run_id / ".state" / _FINAL_MARK).exists()
+                run.done = self._final_mark(run.run_id).exists()
 
     def positions(self) -> dict[str, int]:
         """The next offset to consume per unit, owned or (as checkpointed) a peer's."""
@@ -215,8 +216,7 @@ class Pipeline:
         return self.run(run_id)
 
     def _part(self, unit_name: str, run_id: str) -> Part:
-        unit = self.unit(unit_name)
-        unit.dirty = True
+        unit = self.unit(unit_name)  # the transport marks it dirty for checkpoints
         part = unit.parts.get(run_id)
         if part is None:
             part = self.run(run_id).parts[unit_name] = unit.part(run_id)
@@ -281,14 +281,14 @@ class Pipeline:
         paths = self.paths(run)
         paths.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
         run.done = True
-        merged: Merged = merge_parts(self._all_parts(run, list(run.parts.values())))
+        merged = merge_parts(self._all_parts(run, list(run.parts.values())))
         try:
             write_profile(build_profile(merged.state, partial), paths, merged.sample)
         except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
             run.error = str(exc)
             log.error("run %s: no final profile: %s", run.run_id, exc)
             return None
-        mark = self.output_dir / run.run_id / ".state" / _FINAL_MARK
+        mark = self._final_mark(run.run_id)
         mark.parent.mkdir(parents=True, exist_ok=True)
         mark.write_text(paths.reward_profiling.name)
         log.info("run %s: final profile written to %s", run.run_id, paths.reward_profiling)

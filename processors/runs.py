@@ -36,9 +36,10 @@ class Spill:
     """An append-only file of bytes addressed by offset: ``sample`` rows (one JSON line each)
     of input parts, ``rollout_infos`` entries of rollout parts, which memory need not hold.
 
-    Writes are unbuffered and reads use ``pread``, so a snapshot thread (or another processor)
-    can read while the owner keeps appending. Only the owner writes: a spill unpickled from a
-    checkpoint is read-only until :meth:`claim` cuts it back to the checkpointed length.
+    Writes are unbuffered and reads go through ``pread`` or a memory map of what was written,
+    so a snapshot thread (or another processor) can read while the owner keeps appending. Only
+    the owner writes: a spill unpickled from a checkpoint is read-only until :meth:`claim` cuts
+    it back to the checkpointed length.
     """
 
     def __init__(self, path: Path, size: int = 0, owner: bool = True) -> None:
@@ -70,25 +71,12 @@ class Spill:
     def read(self, offset: int, size: int) -> bytes:
         return os.pread(self._fd, size, offset)
 
-    def line(self, offset: int) -> bytes:
-        """The line at ``offset``, without its newline."""
-        chunks, size = [], 4096  # most rows fit the first read; long ones grow it
-        while True:
-            chunk = os.pread(self._fd, size, offset)
-            end = chunk.find(b"\n")
-            if end >= 0 or not chunk:
-                chunks.append(chunk[:end] if end >= 0 else chunk)
-                return b"".join(chunks)
-            chunks.append(chunk)
-            offset += len(chunk)
-            size = min(size * 4, 1 << 20)
-
     def lines(self) -> Callable[[int], bytes]:
         """A reader of the lines written so far, by offset, through a memory map (a profile
         reads one per task: ~10x cheaper than a ``pread`` each)."""
-        if not self.size:
-            return self.line
-        view = mmap.mmap(self._fd, self.size, prot=mmap.PROT_READ)  # unmapped when collected
+        view: mmap.mmap | bytes = b""  # mmap refuses a length of 0
+        if self.size:
+            view = mmap.mmap(self._fd, self.size, prot=mmap.PROT_READ)  # unmapped when collected
 
         def line(offset: int) -> bytes:
             end = view.find(b"\n", offset)
@@ -122,16 +110,12 @@ class _KeySet:
 
     def add(self, task: int, rollout: int) -> bool:
         """Record the key; False when it was already there."""
-        if not 0 <= rollout < 4096:
-            if (task, rollout) in self._other:
-                return False
-            self._other.add((task, rollout))
-            return True
-        mask = self._masks.get(task, 0)
-        bit = 1 << rollout
-        if mask & bit:
+        if (task, rollout) in self:
             return False
-        self._masks[task] = mask | bit
+        if 0 <= rollout < 4096:
+            self._masks[task] = self._masks.get(task, 0) | 1 << rollout
+        else:
+            self._other.add((task, rollout))
         return True
 
 

@@ -71,7 +71,7 @@ class StreamProcessor:
             output_dir, on_reject=self._reject, metrics=self.metrics, peers=self.store
         )
         self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
-        self._at = ""  # the record being handled, for dead letters
+        self._at: ConsumerRecord | None = None  # the record being handled, for dead letters
         self._data: AIOKafkaConsumer | None = None
         self._kinds: dict[str, EventKind] = {
             self.topics.inputs: "input",
@@ -152,8 +152,10 @@ class StreamProcessor:
                 self.store.save(unit)
 
     def _reject(self, rejected: Rejected) -> None:
-        log.warning("dead letter from %s (%s event): %s", self._at, rejected.kind, rejected.reason)
-        self._rejected.append((rejected, self._at))
+        at = self._at
+        source = f"{at.topic}:{at.partition}:{at.offset}" if at is not None else ""
+        log.warning("dead letter from %s (%s event): %s", source, rejected.kind, rejected.reason)
+        self._rejected.append((rejected, source))
 
     async def _dead_letters(self, producer: AIOKafkaProducer) -> None:
         """Park rejected events, original bytes and reason, before their offsets are saved."""
@@ -167,14 +169,18 @@ class StreamProcessor:
             await producer.send(self.topics.dead_letters, event.raw, headers=headers)
         await producer.flush()
 
+    def data_partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
+        """Every partition of the inputs and rollouts topics, as far as ``consumer`` knows."""
+        return [
+            TopicPartition(topic, p)
+            for topic in self._kinds
+            for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+
     async def _end_offsets(self) -> dict[str, int]:
         """The log end offset of every data partition, by unit name."""
         assert self._data is not None
-        parts = [
-            TopicPartition(topic, p)
-            for topic in self._kinds
-            for p in sorted(self._data.partitions_for_topic(topic) or ())
-        ]
+        parts = self.data_partitions(self._data)
         ends = await self._data.end_offsets(parts) if parts else {}
         return {self.unit_name(tp): end for tp, end in ends.items()}
 
@@ -186,13 +192,13 @@ class StreamProcessor:
             if not batch:
                 continue
             ends = await self._end_offsets()  # fetched after the records: covers what preceded
-            for tp, records in batch.items():
+            for records in batch.values():
                 for record in records:
-                    self._at = f"{tp.topic}:{tp.partition}:{record.offset}"
+                    self._at = record
                     run = self.pipeline.handle("control", record.value or b"")
-                    if run is not None and run.finished and not run.finish_at:
-                        run.finish_at = ends
                     if run is not None:
+                        if run.finished and not run.finish_at:
+                            run.finish_at = ends
                         self.pipeline.maybe_finish(run)
             if self._rejected:
                 await self._dead_letters(producer)
@@ -246,7 +252,7 @@ class StreamProcessor:
                 return
             part = records[start : start + _SLICE]
             for record in part:
-                self._at = f"{tp.topic}:{tp.partition}:{record.offset}"
+                self._at = record
                 run = self.pipeline.handle(kind, record.value or b"", name)
                 if run is not None:
                     touched[run.run_id] = run
@@ -285,11 +291,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             if unit.position:
                 self.consumer.seek(tp, unit.position)
         owned = {processor.unit_name(tp) for tp in assigned}
-        every = {
-            processor.unit_name(TopicPartition(topic, p))
-            for topic in processor._kinds
-            for p in self.consumer.partitions_for_topic(topic) or ()
-        }
+        every = {processor.unit_name(tp) for tp in processor.data_partitions(self.consumer)}
         pipeline.leader = "rollout-0" in owned or not every - owned
         pipeline.set_peer_units(every - owned)
         log.info("assigned %s; leader=%s", sorted(owned), pipeline.leader)
