@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from rewardstream.errors import InputError, LineError
 from rewardstream.jsonl import check_input_file, parse_line
+from sinks.files import write_files
 
 __all__ = ["MaterializeOptions", "materialize", "write_rows"]
 
@@ -162,9 +163,5 @@ def materialize(path: Path, options: MaterializeOptions) -> list[dict[str, Any]]
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write rows as orjson lines to a temporary name, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as fh:
-        for row in rows:
-            fh.write(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-    tmp.replace(path)
+    """Write rows as orjson lines, atomically (the sinks' writer: all or nothing)."""
+    write_files([(path, (orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows))])
