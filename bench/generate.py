@@ -51,7 +51,7 @@ WORDS = [
 ]
 
 
-def _text(rng: random.Random, size: int) -> str:
+def text(rng: random.Random, size: int) -> str:
     out: list[str] = []
     n = 0
     while n < size:
@@ -61,7 +61,7 @@ def _text(rng: random.Random, size: int) -> str:
     return " ".join(out)
 
 
-def _input_row(task: int, rollout: int, agent: str, prompt: str) -> dict[str, object]:
+def input_row(task: int, rollout: int, agent: str, prompt: str) -> dict[str, object]:
     return {
         "responses_create_params": {
             "input": [
@@ -82,12 +82,12 @@ def _input_row(task: int, rollout: int, agent: str, prompt: str) -> dict[str, ob
 def generate(tasks: int, repeats: int, out: Path, text_bytes: int, seed: int) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    prompts = [_text(rng, 180) for _ in range(64)]
-    bodies = [_text(rng, text_bytes) for _ in range(256)]
+    prompts = [text(rng, 180) for _ in range(64)]
+    bodies = [text(rng, text_bytes) for _ in range(256)]
     inputs = out.with_name(f"{out.name}_materialized_inputs.jsonl")
     with open(inputs, "wb") as fh:
         for t in range(tasks):
-            row = _input_row(t, 0, AGENTS[t % len(AGENTS)], prompts[t % 64] + f" #{t}")
+            row = input_row(t, 0, AGENTS[t % len(AGENTS)], prompts[t % 64] + f" #{t}")
             for r in range(repeats):
                 row["_ng_rollout_index"] = r
                 fh.write(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
@@ -95,48 +95,56 @@ def generate(tasks: int, repeats: int, out: Path, text_bytes: int, seed: int) ->
     with open(out.with_name(f"{out.name}.jsonl"), "wb") as fh:
         for flat in order.tolist():
             t, r = divmod(flat, repeats)
-            h = (t * 2654435761 + r * 40503) & 0xFFFFFFFF
-            p_correct = 0.2 + 0.6 * ((t * 7919) % 100) / 100
-            correct = (h % 1000) / 1000 < p_correct
-            in_tok = 150 + t % 300
-            out_tok = 200 + h % 1800
-            row = _input_row(t, r, AGENTS[t % len(AGENTS)], prompts[t % 64] + f" #{t}")
-            result = {
-                "responses_create_params": row["responses_create_params"],
-                "response": {
-                    "id": f"resp_{t}_{r}",
-                    "created_at": 1760000000.0 + flat,
-                    "model": "policy_model",
-                    "object": "response",
-                    "output": [
-                        {
-                            "id": f"msg_{t}_{r}",
-                            "content": [
-                                {"annotations": [], "text": bodies[h % 256], "type": "output_text"}
-                            ],
-                            "role": "assistant",
-                            "status": "completed",
-                            "type": "message",
-                        }
-                    ],
-                    "usage": {
-                        "input_tokens": in_tok,
-                        "input_tokens_details": {"cached_tokens": 0},
-                        "output_tokens": out_tok,
-                        "output_tokens_details": {"reasoning_tokens": h % 64},
-                        "total_tokens": in_tok + out_tok,
-                    },
-                },
-                "reward": 1.0 if correct else 0.0,
-                "is_correct": correct,
-                "extracted_answer": str(t % 97 if correct else h % 97),
-                "judge_score": (h % 10007) / 10007,
-                "verifier_metadata": row["verifier_metadata"],
-                "_ng_task_index": t,
-                "_ng_rollout_index": r,
-                "agent_ref": row["agent_ref"],
-            }
+            result = result_row(t, r, flat, prompts[t % 64] + f" #{t}", bodies)
             fh.write(orjson.dumps(result, option=orjson.OPT_APPEND_NEWLINE))
+
+
+def result_row(
+    t: int, r: int, flat: int, prompt: str, bodies: list[str], salt: int = 0
+) -> dict[str, object]:
+    """Rollout ``r`` of task ``t`` (the ``flat``-th of its collection): a NeMo Gym result
+    with usage, reward and verifier fields, deterministic for (t, r, salt)."""
+    h = (t * 2654435761 + r * 40503 + salt) & 0xFFFFFFFF
+    p_correct = 0.2 + 0.6 * ((t * 7919) % 100) / 100
+    correct = (h % 1000) / 1000 < p_correct
+    in_tok = 150 + t % 300
+    out_tok = 200 + h % 1800
+    row = input_row(t, r, AGENTS[t % len(AGENTS)], prompt)
+    return {
+        "responses_create_params": row["responses_create_params"],
+        "response": {
+            "id": f"resp_{t}_{r}",
+            "created_at": 1760000000.0 + flat,
+            "model": "policy_model",
+            "object": "response",
+            "output": [
+                {
+                    "id": f"msg_{t}_{r}",
+                    "content": [
+                        {"annotations": [], "text": bodies[h % len(bodies)], "type": "output_text"}
+                    ],
+                    "role": "assistant",
+                    "status": "completed",
+                    "type": "message",
+                }
+            ],
+            "usage": {
+                "input_tokens": in_tok,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": out_tok,
+                "output_tokens_details": {"reasoning_tokens": h % 64},
+                "total_tokens": in_tok + out_tok,
+            },
+        },
+        "reward": 1.0 if correct else 0.0,
+        "is_correct": correct,
+        "extracted_answer": str(t % 97 if correct else h % 97),
+        "judge_score": (h % 10007) / 10007,
+        "verifier_metadata": row["verifier_metadata"],
+        "_ng_task_index": t,
+        "_ng_rollout_index": r,
+        "agent_ref": row["agent_ref"],
+    }
 
 
 def main() -> None:

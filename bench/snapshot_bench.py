@@ -27,6 +27,7 @@ from bench.generate import generate
 from bench.measure import tree_rss_kb
 from processors.http import make_app, serve
 from processors.pipeline import Pipeline
+from processors.snapshot import SnapshotJob, receive
 from producers.events import input_events, rollout_events
 from rewardstream.contract import RunStarted, encode
 from rewardstream.kafka_local import free_port
@@ -41,37 +42,44 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         generate(a.tasks, a.repeats, work / "r", text_bytes=64, seed=0)
-        inputs = list(input_events(work / "r_materialized_inputs.jsonl", "run"))
-        rollouts = [e for e in rollout_events(work / "r.jsonl", "run")]
-        held_back = {e.key for e in rollouts}  # one rollout per task stays out: a partial run
-        kept = []
-        for e in reversed(rollouts):
-            if e.key in held_back:
-                held_back.discard(e.key)
-            else:
-                kept.append(e)
+        # Events are streamed from the files, never held: a list of 1.5M event objects would
+        # make every garbage collection in the snapshot walk them (it did: ~2 s of the old number).
+        last = {e.key: i for i, e in enumerate(rollout_events(work / "r.jsonl", "run"))}
+        held_back = set(last.values())  # the last rollout of each task stays out: a partial run
         with Pipeline(work / "out") as pipeline:
             gc.collect()
             before = tree_rss_kb(os.getpid()) * 1024
             t0 = time.perf_counter()
-            for e in inputs:
+            inputs = 0
+            for e in input_events(work / "r_materialized_inputs.jsonl", "run"):
                 pipeline.handle(e.kind, e.value)
-            started = RunStarted(run_id="run", expected_rollouts=len(inputs), output_stem="r")
+                inputs += 1
+            started = RunStarted(run_id="run", expected_rollouts=inputs, output_stem="r")
             pipeline.handle("control", encode(started))
-            for e in kept:
-                pipeline.handle(e.kind, e.value)
+            kept = 0
+            for i, e in enumerate(rollout_events(work / "r.jsonl", "run")):
+                if i not in held_back:
+                    pipeline.handle(e.kind, e.value)
+                    kept += 1
+            del last, held_back
             ingest = time.perf_counter() - t0
             gc.collect()
             held = tree_rss_kb(os.getpid()) * 1024 - before
             print(
-                f"ingested {len(inputs):,} inputs + {len(kept):,} rollouts in {ingest:.1f} s; "
-                f"RSS growth {held / 2**20:,.0f} MiB = {held / len(kept):,.0f} B per rollout"
+                f"ingested {inputs:,} inputs + {kept:,} rollouts in {ingest:.1f} s; "
+                f"RSS growth {held / 2**20:,.0f} MiB = {held / kept:,.0f} B per rollout"
             )
             for _ in range(a.runs):
                 t0 = time.perf_counter()
-                pipeline.snapshot_job("run")()
-                print(f"snapshot built in process (no HTTP): {time.perf_counter() - t0:.2f} s")
-            asyncio.run(_snapshots(pipeline, a.runs, len(kept), work / "snap"))
+                job = SnapshotJob(pipeline, "run")
+                with open(job.fd, "rb") as fh:
+                    receive(fh, work / "snap-in-process", "bench")
+                assert job.wait() == 0
+                print(
+                    f"snapshot in process (fork, build, files written): "
+                    f"{time.perf_counter() - t0:.2f} s"
+                )
+            asyncio.run(_snapshots(pipeline, a.runs, kept, work / "snap"))
 
 
 async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int, out: Path) -> None:

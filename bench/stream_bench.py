@@ -21,7 +21,7 @@ import argparse
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
@@ -49,10 +49,12 @@ async def prefill(bootstrap: str, topics: Topics, events: list[WireEvent]) -> No
 
 
 async def run_until(
-    processor: StreamProcessor, done: Callable[[Run], bool], final: bool = False
+    processor: StreamProcessor,
+    done: Callable[[Run], bool],
+    then: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[float, float]:
-    """Run ``processor`` until ``done(run)`` (and, with ``final``, its final profile is written):
-    seconds from assignment to ``done``, and from then to the final profile."""
+    """Run ``processor`` until ``done(run)``; with ``then``, run it and wait for the final
+    profile: seconds from assignment to ``done``, and from ``then`` to the final profile."""
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
     while processor.assigned_at is None:  # timed from the end of the group join
@@ -62,8 +64,11 @@ async def run_until(
     while not ("run" in runs and done(runs["run"])):
         await asyncio.sleep(0.002)
     consumed = written = time.monotonic()
-    while final and not runs["run"].done:
-        await asyncio.sleep(0.002)
+    if then is not None:
+        await then()
+        consumed = time.monotonic()
+        while not runs["run"].done:
+            await asyncio.sleep(0.002)
         written = time.monotonic()
     stop.set()
     await task
@@ -89,13 +94,17 @@ async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
         f"({(n + len(inputs)) / seconds:,.0f} events/s)"
     )
 
+    # run_started comes last here, so the run cannot complete (and be written) while the
+    # rollouts are folded: the fold is timed alone, the final profile after it
     topics = Topics.for_prefix(f"bench-{uuid.uuid4().hex[:8]}")
-    await prefill(bootstrap, topics, [*inputs, control])
+    await prefill(bootstrap, topics, inputs)
     first = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
     await run_until(first, lambda run: run.inputs == len(inputs))  # checkpointed on stop
     await prefill(bootstrap, topics, rollouts)
     second = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
-    seconds, final = await run_until(second, lambda run: run.local_rollouts == n, final=True)
+    seconds, final = await run_until(
+        second, lambda run: run.local_rollouts == n, lambda: prefill(bootstrap, topics, [control])
+    )
     print(
         f"rollouts: {n:,} consumed and folded in {seconds:.2f} s = {n / seconds:,.0f} "
         f"rollouts/s; final profile written {final:.2f} s later"

@@ -21,6 +21,7 @@ from gym_servers.base import (
     base_app,
     json_body,
     json_response,
+    request_limit,
     resolve_url,
     serve_from_env,
     with_closing,
@@ -115,7 +116,8 @@ def build_app(spec: ServerSpec, config: dict[str, Any]) -> web.Application:
             "/run": _replies(run, "responses_create_params."),
             "/v1/responses": _replies(responses),
             "/aggregate_metrics": _replies(aggregate),
-        }
+        },
+        request_limit(spec),
     )
     with_closing(app, _CLIENT, JsonClient)
     return app

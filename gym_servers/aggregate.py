@@ -44,9 +44,7 @@ def aggregate_metrics(verify_responses: list[dict[str, Any]]) -> dict[str, Any]:
         state.add_input(row, 0, order)
         state.add_result(result if "response" in result else result | {"response": {}})
     profile = build_profile(state)
-    out["group_level_metrics"] = [
-        orjson.loads(profile.render(row, _SAMPLE)) for row in profile.task_rows
-    ]
+    out["group_level_metrics"] = [orjson.loads(row.render(_SAMPLE)) for row in profile.task_rows]
     entry = {k: v for k, v in profile.agent_metrics[0].items() if k != "agent_ref"}
     out["agent_metrics"] = entry | {"num_repeats": len(rollouts)}
     out["key_metrics"] = {

@@ -21,6 +21,8 @@ import yaml
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 __all__ = [
+    "DEFAULT_HOST",
+    "MAX_REQUEST_BYTES",
     "SERVER_TYPES",
     "Handler",
     "ServerSpec",
@@ -29,6 +31,7 @@ __all__ = [
     "json_body",
     "json_response",
     "redacted",
+    "request_limit",
     "resolve_url",
     "serve_from_env",
     "server_specs",
@@ -38,6 +41,10 @@ __all__ = [
 SERVER_TYPES = ("responses_api_models", "resources_servers", "responses_api_agents")
 HEALTH_PATHS = ("/", "/livez", "/readyz", "/healthz", "/health")
 _SECRET_SUFFIXES = ("api_key", "apikey", "secret", "password", "token")  # not "max_tokens"
+DEFAULT_HOST = "127.0.0.1"  # a server listens beyond loopback only when its config says so
+# Bodies are read whole into memory: 64 MiB is far above any text context (1M tokens is ~4 MB)
+# and bounds what one request can take; ``max_request_bytes`` in a server's config raises it.
+MAX_REQUEST_BYTES = 64 << 20
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -118,9 +125,18 @@ def client_session() -> ClientSession:
     )
 
 
-def base_app(posts: Mapping[str, Handler] | None = None) -> web.Application:
-    """An app answering NeMo Gym's health paths with ``{"status":"ok"}``, and ``posts``."""
-    app = web.Application(client_max_size=256 << 20)
+def request_limit(spec: ServerSpec) -> int:
+    """The largest request body ``spec``'s server reads (larger ones get a 413)."""
+    return int(spec.config.get("max_request_bytes") or MAX_REQUEST_BYTES)
+
+
+def base_app(
+    posts: Mapping[str, Handler] | None = None, max_request_bytes: int = MAX_REQUEST_BYTES
+) -> web.Application:
+    """An app answering NeMo Gym's health paths with ``{"status":"ok"}``, and ``posts``; a body
+    above ``max_request_bytes`` is refused with a 413 (every handler reads through
+    :func:`json_body`, which enforces it)."""
+    app = web.Application(client_max_size=max_request_bytes)
 
     async def health(_: web.Request) -> web.Response:
         return json_response({"status": "ok"})
@@ -168,7 +184,8 @@ async def _serve(app: web.Application, spec: ServerSpec) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        await web.TCPSite(runner, spec.config["host"], int(spec.config["port"])).start()
+        host = spec.config.get("host") or DEFAULT_HOST  # None or "" would mean every interface
+        await web.TCPSite(runner, host, int(spec.config["port"])).start()
         log.info("%s (%s/%s) serving on %s", spec.name, spec.server_type, spec.impl, spec.url)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, web
@@ -27,6 +29,7 @@ from gym_servers.base import (
     client_session,
     json_body,
     json_response,
+    request_limit,
     serve_from_env,
     with_closing,
 )
@@ -142,10 +145,26 @@ def _simulated_routes(policy: SimulatedPolicy) -> dict[str, Handler]:
     return {"/v1/responses": responses, "/v1/chat/completions": chat}
 
 
+def _scrubber(api_key: str | None) -> Callable[[bytes], bytes]:
+    """Removes the key from what goes back to a client: an upstream may echo it in an error
+    about it (replies are otherwise relayed unchanged). Placeholder keys shorter than 12
+    characters (vLLM's ``EMPTY``) are left alone: they are no secret, and could be real text."""
+    key = (api_key or "").encode() if len(api_key or "") >= 12 else b""
+
+    def scrub(raw: bytes) -> bytes:
+        return raw.replace(key, b"***") if key and key in raw else raw
+
+    return scrub
+
+
+_USERINFO = re.compile(r"//[^/@\s]+@")  # user:password@ in a URL
+
+
 def _proxy_routes(base_url: str, api_key: str | None, model: str) -> dict[str, Handler]:
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    scrub = _scrubber(api_key)
 
     def relay(path: str) -> Handler:
         async def handler(request: web.Request) -> web.Response:
@@ -157,12 +176,13 @@ def _proxy_routes(base_url: str, api_key: str | None, model: str) -> dict[str, H
                 async with request.app[_SESSION].post(url, json=body, headers=headers) as upstream:
                     raw = await upstream.read()
                     return web.Response(
-                        body=raw,
+                        body=scrub(raw),
                         status=upstream.status,
                         content_type=upstream.content_type or "application/json",
                     )
             except (ClientError, TimeoutError) as exc:
-                return json_response({"detail": f"policy endpoint {url} failed: {exc!r}"}, 502)
+                detail = _USERINFO.sub("//***@", f"policy endpoint {url} failed: {exc!r}")
+                return json_response({"detail": scrub(detail.encode()).decode()}, 502)
 
         return handler
 
@@ -174,11 +194,13 @@ def build_app(spec: ServerSpec, _config: dict[str, Any]) -> web.Application:
     cfg = spec.config
     model = str(cfg.get("openai_model") or "")
     if cfg.get("openai_base_url"):
-        app = base_app(_proxy_routes(str(cfg["openai_base_url"]), cfg.get("openai_api_key"), model))
+        routes = _proxy_routes(str(cfg["openai_base_url"]), cfg.get("openai_api_key"), model)
+        app = base_app(routes, request_limit(spec))
         with_closing(app, _SESSION, client_session)
         return app
     policy = PolicyConfig.model_validate(cfg.get("simulated_policy") or {})
-    return base_app(_simulated_routes(SimulatedPolicy(policy, model or "simulated-policy")))
+    simulated = _simulated_routes(SimulatedPolicy(policy, model or "simulated-policy"))
+    return base_app(simulated, request_limit(spec))
 
 
 def main() -> None:

@@ -29,14 +29,21 @@ from typing import IO, Any
 import yaml
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-from gym_servers.base import ServerSpec, base_app, json_response, redacted, server_specs
+from gym_servers.base import (
+    DEFAULT_HOST,
+    ServerSpec,
+    base_app,
+    json_response,
+    redacted,
+    server_specs,
+)
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.overrides import parse_overrides
 
 __all__ = ["BUNDLED_CONFIG", "ServerGroup", "load_config", "main"]
 
 BUNDLED_CONFIG = Path(__file__).resolve().parent / "configs" / "arithmetic.yaml"
-DEFAULT_HEAD = {"host": "127.0.0.1", "port": 11000}
+DEFAULT_HEAD = {"host": DEFAULT_HOST, "port": 11000}
 PORT_RANGE = (10001, 20000)
 _REF = re.compile(r"^\$\{([\w.]+)\}$")
 _CONFIG_DIR_KEY = "_config_dir"  # where a server's .py entrypoint is looked up
@@ -137,11 +144,12 @@ class ServerGroup:
         self.config = config
         self.log = log
         self.head = {**DEFAULT_HEAD, **(config.get("head_server") or {})}
+        self.head["host"] = self.head.get("host") or DEFAULT_HOST  # null/"": all interfaces
         self.config["head_server"] = self.head
         taken: set[int] = {int(self.head["port"])}
         self.specs = server_specs(config)
         for spec in self.specs:
-            spec.config.setdefault("host", "127.0.0.1")
+            spec.config["host"] = spec.config.get("host") or DEFAULT_HOST
             if not spec.config.get("port"):
                 spec.config["port"] = _free_port(taken)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -14,7 +14,14 @@ from typing import Any
 from aiohttp import web
 
 from gym_servers.aggregate import aggregate_metrics
-from gym_servers.base import ServerSpec, base_app, json_body, json_response, serve_from_env
+from gym_servers.base import (
+    ServerSpec,
+    base_app,
+    json_body,
+    json_response,
+    request_limit,
+    serve_from_env,
+)
 from gym_servers.math_env import verify
 from rewardstream.errors import RewardstreamError
 
@@ -57,14 +64,15 @@ async def _aggregate(request: web.Request) -> web.Response:
         return json_response({"detail": str(exc)}, status=422)
 
 
-def build_app(_spec: ServerSpec, _config: dict[str, Any]) -> web.Application:
+def build_app(spec: ServerSpec, _config: dict[str, Any]) -> web.Application:
     return base_app(
         {
             "/seed_session": _seed_session,
             "/close_session": _seed_session,
             "/verify": _verify,
             "/aggregate_metrics": _aggregate,
-        }
+        },
+        request_limit(spec),
     )
 
 

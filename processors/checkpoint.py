@@ -14,6 +14,7 @@ The pickle is renamed before the manifest, so a manifest never promises more tha
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import tempfile
@@ -26,6 +27,8 @@ import orjson
 from processors.runs import Counts, Unit
 
 __all__ = ["CheckpointStore", "Manifest"]
+
+log = logging.getLogger(__name__)
 
 
 class Manifest(NamedTuple):
@@ -54,8 +57,24 @@ class CheckpointStore:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
-    def save(self, unit: Unit) -> None:
+    def save(self, unit: Unit) -> bool:
+        """Checkpoint ``unit``; False, writing nothing, when its checkpoint is already past
+        ``unit.position``. Positions only move forward for the unit's owner, so then another
+        processor has taken it over and moved on while this one was stopped past its session
+        timeout (a long pause, a frozen VM) and has not heard yet: writing would roll the new
+        owner's checkpoint back (bench/chaos.py ``pause-member``)."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        saved = self.manifests([unit.name]).get(unit.name)
+        if saved is not None and saved.position > unit.position:
+            log.warning(
+                "not checkpointing %s at offset %d: its checkpoint is at %d (another processor "
+                "owns it now)",
+                unit.name,
+                unit.position,
+                saved.position,
+            )
+            unit.dirty = False
+            return False
         _atomic_write(
             self.folder / f"{unit.name}.pickle",
             lambda fh: pickle.dump(unit, fh, protocol=pickle.HIGHEST_PROTOCOL),
@@ -67,6 +86,7 @@ class CheckpointStore:
         data = orjson.dumps(manifest)
         _atomic_write(self.folder / f"{unit.name}.json", lambda fh: fh.write(data))
         unit.dirty = False
+        return True
 
     def load(self, name: str) -> Unit | None:
         """The unit as last checkpointed (its spills read-only), or None when there is none."""

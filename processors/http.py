@@ -1,20 +1,32 @@
 """The processor's HTTP endpoint: health, runs, and consistent partial-profile snapshots.
 
-Binds 127.0.0.1 unless told otherwise. A snapshot is built in a worker thread from a copy of the
-run's state, so ingestion keeps running while it is taken; the files come back in the response
-body (the server never writes where a client asks).
+Binds 127.0.0.1 unless told otherwise. A snapshot is built by forked children from the run's
+state as it is at the request, so ingestion keeps running while it is taken; the files stream
+back in the response body as they render (the server never writes where a client asks).
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from processors.pipeline import SNAPSHOT_MEDIA_TYPE, Pipeline
+from processors.pipeline import Pipeline
+from processors.snapshot import MEDIA_TYPE, SnapshotError, SnapshotJob
 
 __all__ = ["make_app", "serve"]
+
+
+MAX_BODY_BYTES = 1 << 20
+
+
+@web.middleware
+async def _bounded_body(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """No route needs a body, so none reads it and aiohttp's ``client_max_size`` would never
+    apply: read (and so bound) any body first; above the limit that is a 413."""
+    if request.body_exists:
+        await request.read()
+    return await handler(request)
 
 
 def make_app(pipeline: Pipeline, registry: CollectorRegistry | None) -> web.Application:
@@ -44,16 +56,28 @@ def make_app(pipeline: Pipeline, registry: CollectorRegistry | None) -> web.Appl
             ]
         )
 
-    async def snapshot(request: web.Request) -> web.Response:
+    async def snapshot(request: web.Request) -> web.StreamResponse:
         run_id = request.match_info["run_id"]
         try:
-            job = pipeline.snapshot_job(run_id)
+            stream = SnapshotJob(pipeline, run_id).stream()
         except KeyError:
             raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}") from None
-        snap = await asyncio.get_running_loop().run_in_executor(None, job)
-        return web.Response(body=snap.to_bytes(), content_type=SNAPSHOT_MEDIA_TYPE)
+        try:
+            try:
+                head = await anext(stream)
+            except SnapshotError as exc:
+                raise web.HTTPConflict(text=str(exc)) from None
+            response = web.StreamResponse(headers={"Content-Type": MEDIA_TYPE})
+            await response.prepare(request)
+            await response.write(head)
+            async for chunk in stream:
+                await response.write(chunk)
+            await response.write_eof()
+        finally:
+            await stream.aclose()  # a client gone mid-stream: stop the children now
+        return response
 
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_bounded_body])
     app.router.add_get("/healthz", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/runs", runs)

@@ -32,7 +32,7 @@ def stream_files(inputs: Path, rollouts: Path, output_dir: Path, run_id: str) ->
             pipeline.handle(event.kind, event.value)
         run = pipeline.handle("control", encode(RunFinished(run_id=run_id)))
         if rejected:
-            raise InputError(f"event rejected: {rejected[0].reason}")
+            raise InputError(f"event rejected ({rejected[0].reason}): {rejected[0].detail}")
         assert run is not None
         paths = pipeline.maybe_finish(run)
         if paths is None:

@@ -45,6 +45,7 @@ def pairwise_sum(values: F64) -> float:
     return float(np.ascontiguousarray(values, dtype=np.float64).sum())
 
 
+@np.errstate(over="ignore", invalid="ignore")  # huge values overflow to inf, as in pandas
 def describe_groups(values: F64) -> GroupStats:
     """Stats of ``values[c, g, :]`` for every column ``c`` and group ``g`` (NaN = missing).
 
@@ -129,6 +130,7 @@ def t_interval(mean: float, se: float, n: int) -> tuple[float, float] | None:
     return (_t_ppf(_Q_LO, n - 1) * se + mean, _t_ppf(_Q_HI, n - 1) * se + mean)
 
 
+@np.errstate(over="ignore", invalid="ignore")  # huge values overflow to inf, as in pandas
 def summarize_present(values: F64) -> Summary | None:
     """Repeat-level stats over the present (non-NaN) values, dropped rather than zero-filled."""
     x = np.ascontiguousarray(values[~np.isnan(values)], dtype=np.float64)

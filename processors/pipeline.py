@@ -10,76 +10,60 @@ snapshots and the final profile merge the parts of every unit.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-import orjson
 from pydantic import ValidationError
 
 from processors.checkpoint import CheckpointStore, Manifest
 from processors.profile import build_profile
-from processors.runs import Part, Run, Unit, merge_parts
+from processors.runs import Merged, Part, Run, Unit, merge_parts
+from processors.state import row_key, row_names
 from rewardstream.contract import (
+    RejectReason,
     RunFinished,
     RunStarted,
     decode_control,
     decode_input,
     decode_rollout,
+    reject_reason,
 )
 from rewardstream.errors import RewardstreamError
-from sinks.files import ProfilePaths, render_files, write_profile
+from sinks.files import ProfilePaths, write_profile
 from sinks.metrics import Metrics
 
-__all__ = ["SNAPSHOT_MEDIA_TYPE", "EventKind", "Pipeline", "Rejected", "Snapshot"]
+__all__ = ["EventKind", "Pipeline", "Rejected", "SnapshotSource"]
 
 log = logging.getLogger(__name__)
+
+# glibc keeps freed heap pages resident (a final profile's build frees hundreds of MB, in
+# pieces): malloc_trim hands them back once a run is evicted. None where libc has no such call.
+_malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 EventKind = Literal["input", "rollout", "control"]
 
 
 class Rejected(NamedTuple):
-    """An event that could not be used: its kind, why, and its original bytes."""
+    """An event that could not be used: its kind, why (a fixed category, see
+    :data:`rewardstream.contract.REJECT_REASONS`), its original bytes, and the error text."""
 
     kind: EventKind
-    reason: str
+    reason: RejectReason
     raw: bytes
+    detail: str = ""
 
 
-SNAPSHOT_MEDIA_TYPE = "application/vnd.rewardstream.snapshot"
+class SnapshotSource(NamedTuple):
+    """What a snapshot is built from: the merged parts, the next offset per unit they cover,
+    the run's profile file names, and a folder for scratch files."""
 
-
-class Snapshot(NamedTuple):
-    """A partial profile: what ``ng_reward_profile ++allow_partial_rollouts=True`` would write
-    for exactly the ``rollouts`` results (and ``inputs`` rows) it covers, and the next offset
-    per unit that they cover (``offsets``)."""
-
-    run_id: str
-    rollouts: int
-    inputs: int
+    merged: Merged
     offsets: dict[str, int]
-    files: dict[str, bytes]
-
-    def to_bytes(self) -> bytes:
-        """The wire form: one JSON line of metadata (files as [name, size]), then the files'
-        bytes back to back. The files are large (~3 KB per task): framing them raw avoids
-        escaping and parsing hundreds of MB of JSON strings."""
-        head = self._asdict() | {"files": [[n, len(d)] for n, d in self.files.items()]}
-        return b"".join(
-            [orjson.dumps(head, option=orjson.OPT_APPEND_NEWLINE), *self.files.values()]
-        )
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> Snapshot:
-        end = data.index(b"\n")
-        head = orjson.loads(data[:end])
-        files, at = {}, end + 1
-        for name, size in head.pop("files"):
-            files[name], at = data[at : at + size], at + size
-        if at != len(data):
-            raise ValueError(f"snapshot body has {len(data) - at} bytes past its files")
-        return cls(**head, files=files)
+    paths: ProfilePaths
+    spool_dir: Path
 
 
 class Pipeline:
@@ -87,7 +71,8 @@ class Pipeline:
 
     ``peers``: the shared checkpoint folder of a consumer group, where the units this pipeline
     does not own are found; None when it owns every unit (in process, or a lone processor that
-    is told so by :meth:`set_peer_units`).
+    is told so by :meth:`set_peer_units`). ``max_event_bytes``: larger events are rejected
+    unparsed (reason "oversized"); None: no limit.
     """
 
     def __init__(
@@ -96,8 +81,10 @@ class Pipeline:
         on_reject: Callable[[Rejected], None] | None = None,
         metrics: Metrics | None = None,
         peers: CheckpointStore | None = None,
+        max_event_bytes: int | None = None,
     ) -> None:
         self.output_dir = output_dir
+        self.max_event_bytes = max_event_bytes
         self.runs: dict[str, Run] = {}
         self.units: dict[str, Unit] = {}  # the units this pipeline owns
         self.peers = peers
@@ -105,7 +92,7 @@ class Pipeline:
         self.leader = True  # writes final profiles (the owner of rollout-0 in a group)
         self.metrics = metrics
         self.on_reject = on_reject or (
-            lambda r: log.warning("rejected %s event: %s", r.kind, r.reason)
+            lambda r: log.warning("rejected %s event (%s): %s", r.kind, r.reason, r.detail)
         )
 
     def close(self) -> None:
@@ -146,6 +133,9 @@ class Pipeline:
             run = self.run(run_id)
             run.parts[unit.name] = part
             run.foreign.pop(unit.name, None)
+            run.done = run.done or part.final is not None  # the checkpoint knows it too
+        for run_id in unit.parts:
+            self.evict(self.runs[run_id])  # e.g. checkpointed before its final profile
         return unit
 
     def release(self, name: str) -> None:
@@ -174,6 +164,7 @@ class Pipeline:
             }
             if not run.done:
                 run.done = self._final_mark(run.run_id).exists()
+                self.evict(run)
 
     def positions(self) -> dict[str, int]:
         """The next offset to consume per unit, owned or (as checkpointed) a peer's."""
@@ -184,10 +175,22 @@ class Pipeline:
     # -- events -------------------------------------------------------------------------------
     def handle(self, kind: EventKind, raw: bytes, unit: str | None = None) -> Run | None:
         """Apply one event from ``unit`` (default ``<kind>-0``); returns its run (None when
-        rejected). Control events belong to no unit: every processor reads all of them."""
+        rejected). Control events belong to no unit: every processor reads all of them.
+
+        Data of a run not announced yet is kept: the publisher sends ``run_started`` after the
+        inputs, and topics are not ordered with each other. A ``run_finished`` whose run never
+        started is rejected: both are keyed by run id, so ``run_started`` would have come first.
+        """
+        limit = self.max_event_bytes
+        if limit is not None and len(raw) > limit:
+            detail = f"{len(raw)} bytes, above the {limit}-byte limit (--max-event-bytes)"
+            self._reject(kind, "oversized", raw, detail)
+            return None
         try:
             if kind == "input":
                 ev_in = decode_input(raw)
+                row_key(ev_in.row)  # a bad row must not create its run or part
+                row_names(ev_in.row)
                 part = self._part(unit or "input-0", ev_in.run_id)
                 if not part.add_input(ev_in) and self.metrics:
                     self.metrics.duplicates.labels(kind).inc()
@@ -207,20 +210,48 @@ class Pipeline:
                 if isinstance(control, RunStarted):
                     self.run(run_id).started = control
                 elif isinstance(control, RunFinished):
+                    if not self._announced(run_id):
+                        detail = f"run_finished for run {run_id!r}, which never started"
+                        self._reject(kind, "unknown-run", raw, detail)
+                        return None
                     self.run(run_id).finished = True
         except (ValidationError, RewardstreamError, ValueError) as exc:
-            if self.metrics:
-                self.metrics.rejected.labels(kind).inc()
-            self.on_reject(Rejected(kind, " ".join(str(exc).split())[:500], raw))
+            self._reject(kind, reject_reason(exc), raw, " ".join(str(exc).split())[:500])
             return None
         return self.run(run_id)
+
+    def _announced(self, run_id: str) -> bool:
+        """A run_started was seen, or the run's final profile exists (its run_started may have
+        aged out of the control topic)."""
+        run = self.runs.get(run_id)
+        return (run is not None and (run.started is not None or run.done)) or (
+            self._final_mark(run_id).exists()
+        )
+
+    def _reject(self, kind: EventKind, reason: RejectReason, raw: bytes, detail: str) -> None:
+        if self.metrics:
+            self.metrics.rejected.labels(kind, reason).inc()
+        self.on_reject(Rejected(kind, reason, raw, detail))
 
     def _part(self, unit_name: str, run_id: str) -> Part:
         unit = self.unit(unit_name)  # the transport marks it dirty for checkpoints
         part = unit.parts.get(run_id)
         if part is None:
-            part = self.run(run_id).parts[unit_name] = unit.part(run_id)
+            run = self.run(run_id)
+            part = run.parts[unit_name] = unit.part(run_id)
+            self.evict(run)  # a done run's new part only counts its events as duplicates
         return part
+
+    def evict(self, run: Run) -> None:
+        """Retire the run's parts once its final profile is written (see
+        :mod:`processors.runs`): memory and spill files go, the counts stay. Their units are
+        marked for a checkpoint, so a restart does not load the dropped state again."""
+        if run.done and run.error is None:
+            retired = run.retire()
+            for name in retired:
+                self.units[name].dirty = True
+            if retired and _malloc_trim is not None:
+                _malloc_trim(0)
 
     # -- profiles -----------------------------------------------------------------------------
     def _all_parts(self, run: Run, own: list[Part]) -> Iterator[Part]:
@@ -232,26 +263,15 @@ class Pipeline:
                 if unit is not None and run.run_id in unit.parts:
                     yield unit.parts[run.run_id]
 
-    def snapshot_job(self, run_id: str) -> Callable[[], Snapshot]:
-        """Copy the run's own parts now (cheap) and return the expensive build, to run elsewhere.
+    def snapshot_source(self, run_id: str) -> SnapshotSource:
+        """The run's parts merged (own and peers'), with the offsets they cover.
 
-        The copy makes the snapshot consistent while ingestion continues on the live state;
-        peers' parts are read from their checkpoints in the build. Raises KeyError for an
-        unknown run.
+        Reads the live state: call it where the state cannot change under it, i.e. in a forked
+        child (:class:`processors.snapshot.SnapshotJob`). Raises KeyError for an unknown run.
         """
         run = self.runs[run_id]
-        own = [p.copy() for p in run.parts.values()]
-        offsets, paths = self.positions(), self.paths(run)
-
-        def build() -> Snapshot:
-            merged = merge_parts(self._all_parts(run, own))
-            profile = build_profile(merged.state, allow_partial=True)
-            chunks = render_files(profile, merged.sample)
-            files = {p.name: b"".join(c) for p, c in zip(paths, chunks, strict=True)}
-            state = merged.state
-            return Snapshot(run_id, state.num_results, state.num_inputs, offsets, files)
-
-        return build
+        merged = merge_parts(self._all_parts(run, list(run.parts.values())))
+        return SnapshotSource(merged, self.positions(), self.paths(run), self.output_dir)
 
     def paths(self, run: Run) -> ProfilePaths:
         stem = run.started.output_stem if run.started else "rollouts"
@@ -261,7 +281,7 @@ class Pipeline:
         """Complete, or finished and every unit consumed to where the log ended then."""
         if run.complete:
             return True
-        if not run.finished:
+        if not run.finished or run.finish_at is None:
             return False
         positions = self.positions()
         return all(positions.get(u, 0) >= end for u, end in run.finish_at.items())
@@ -281,9 +301,8 @@ class Pipeline:
         paths = self.paths(run)
         paths.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
         run.done = True
-        merged = merge_parts(self._all_parts(run, list(run.parts.values())))
         try:
-            write_profile(build_profile(merged.state, partial), paths, merged.sample)
+            self._write_final(run, paths, partial)
         except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
             run.error = str(exc)
             log.error("run %s: no final profile: %s", run.run_id, exc)
@@ -292,4 +311,19 @@ class Pipeline:
         mark.parent.mkdir(parents=True, exist_ok=True)
         mark.write_text(paths.reward_profiling.name)
         log.info("run %s: final profile written to %s", run.run_id, paths.reward_profiling)
+        self.evict(run)
         return paths
+
+    def _write_final(self, run: Run, paths: ProfilePaths, partial: bool) -> None:
+        """Merge the run's parts and write the profile (the merged copy is freed on return)."""
+        merged = merge_parts(self._all_parts(run, list(run.parts.values())))
+        write_profile(build_profile(merged.state, partial), paths, merged.sample)
+
+    def final_paths(self, run_id: str) -> ProfilePaths | None:
+        """The run's final profile files (named by its final mark), None until written."""
+        try:
+            name = self._final_mark(run_id).read_text()
+        except FileNotFoundError:
+            return None
+        stem = name.removesuffix("_reward_profiling.jsonl")
+        return ProfilePaths.next_to(self.output_dir / run_id / f"{stem}.jsonl")

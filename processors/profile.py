@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -47,59 +48,89 @@ class CompletionSummary(NamedTuple):
 class TaskRow(NamedTuple):
     """One ``_reward_profiling.jsonl`` line, with its ``sample`` still to be read back.
 
-    ``infos`` are the (start, end) spans of the group's ``rollout_infos`` entries in the
-    profile's ``info_pool``, in rollout order.
+    ``infos`` is the group's ``rollout_infos`` value, already serialized (a JSON array).
     """
 
     head: dict[str, Any]
     sample_locator: int
     tail: dict[str, Any]
-    infos: list[tuple[int, int]]
+    infos: bytes
+
+    def render(self, sample: bytes) -> bytes:
+        """The line, given the serialized sample row: pieces joined, not one dict dumped
+        (~1 us less per row, which is ~0.1 s of a 100,000-task snapshot)."""
+        return b"".join(
+            (
+                orjson.dumps(self.head)[:-1],
+                b',"sample":',
+                sample,
+                b",",
+                orjson.dumps(self.tail)[1:-1],
+                b',"rollout_infos":',
+                self.infos,
+                b"}\n",
+            )
+        )
 
 
 @dataclass(frozen=True)
 class TaskRows:
-    """The task rows, built one at a time as they are iterated (written or sent).
+    """The task rows, built a chunk at a time as they are iterated (written or sent).
 
     Held as dicts they would be the largest object of a profile (~2 KB per task); building
-    them lazily keeps peak memory at the state plus one row.
+    them lazily keeps peak memory at the state plus one chunk. Any range of rows can be built
+    on its own, so several processes can render one profile.
     """
 
     count: int
-    make: Callable[[], Iterator[TaskRow]]
+    make: Callable[[int, int], Iterator[TaskRow]]
 
     def __len__(self) -> int:
         return self.count
 
     def __iter__(self) -> Iterator[TaskRow]:
-        return self.make()
+        return self.make(0, self.count)
+
+    def range(self, start: int, stop: int) -> Iterator[TaskRow]:
+        """Rows ``start`` to ``stop - 1``, as iterating would give them."""
+        return self.make(start, stop)
 
 
-@dataclass(frozen=True)
 class Profile:
     """Everything ``ng_reward_profile`` writes and prints.
 
-    ``info_pool`` is the state's append-only buffer of serialized ``rollout_infos`` entries,
-    shared rather than copied; task rows address their entries in it by span.
+    The agent-level metrics and the completion summary are computed when first read: a
+    snapshot needs no summary, and its second renderer computes the agent metrics while the
+    first renders task rows.
     """
 
-    task_rows: TaskRows
-    agent_metrics: list[dict[str, Any]]
-    repeat_metrics: list[dict[str, Any]]
-    summary: CompletionSummary
-    masked_rollouts: int
-    info_pool: bytearray
+    def __init__(
+        self,
+        task_rows: TaskRows,
+        masked_rollouts: int,
+        agents: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+        summary: Callable[[], CompletionSummary],
+    ) -> None:
+        self.task_rows, self.masked_rollouts = task_rows, masked_rollouts
+        self._agents, self._summary = agents, summary
 
-    def render(self, row: TaskRow, sample: bytes) -> bytes:
-        """One task row's line, given its serialized sample row."""
-        pool, spans = self.info_pool, row.infos
-        line = dict(row.head)
-        line["sample"] = orjson.Fragment(sample)
-        line.update(row.tail)
-        line["rollout_infos"] = orjson.Fragment(
-            b"[" + b",".join(pool[a:b] for a, b in spans) + b"]"
-        )
-        return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+    @cached_property
+    def _agent_entries(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return self._agents()
+
+    @property
+    def agent_metrics(self) -> list[dict[str, Any]]:
+        """``_agent_metrics.json``: one entry per agent label (spec §2.9)."""
+        return self._agent_entries[0]
+
+    @property
+    def repeat_metrics(self) -> list[dict[str, Any]]:
+        """``_repeat_level_metrics.json``: one entry per (label, rollout index) (spec §2.10)."""
+        return self._agent_entries[1]
+
+    @cached_property
+    def summary(self) -> CompletionSummary:
+        return self._summary()
 
 
 def _encode(a: I64, b: I64) -> tuple[I64, Any]:
@@ -404,6 +435,34 @@ def _coverage(agent: I64, task: I64, masked: npt.NDArray[np.bool_]) -> dict[int,
     return dict(sorted(out.items(), key=lambda kv: first[kv[0]]))
 
 
+_GROUPS_PER_CHUNK = 1024  # task rows built per chunk: bounds the per-chunk lists
+
+
+class _Infos(NamedTuple):
+    """The state's serialized ``rollout_infos`` entries: one pool, each result's span in it."""
+
+    pool: bytearray
+    begin: I64
+    end: I64
+
+    @classmethod
+    def of(cls, state: ProfileState) -> _Infos:
+        end = state.column(state.info_end).astype(np.int64)
+        return cls(state.info_pool, np.r_[0, end][:-1].astype(np.int64), end)
+
+    def arrays(self, results: I64, sizes: I64) -> list[bytes]:
+        """Each group's JSON array of its results' entries (``results`` are the groups' members
+        back to back, ``sizes`` long). Joins memoryview slices: ~0.35 us per entry, less than
+        a numpy byte gather (measured), and no copy of the pool."""
+        begin, end = self.begin[results].tolist(), self.end[results].tolist()
+        pool, out, i = memoryview(self.pool), [], 0
+        for n in sizes.tolist():
+            pieces = [pool[a:b] for a, b in zip(begin[i : i + n], end[i : i + n], strict=True)]
+            out.append(b"".join((b"[", b",".join(pieces), b"]")))
+            i += n
+        return out
+
+
 class _Rollouts(NamedTuple):
     """The measured, matched results in key order, with what grouping needs of each."""
 
@@ -418,7 +477,7 @@ class _Rollouts(NamedTuple):
 def _task_rows(
     names: list[str],
     locator: I64,
-    info_spans: I64,
+    infos: _Infos,
     r: _Rollouts,
     m_task: I64,
     m_label: I64,
@@ -443,26 +502,31 @@ def _task_rows(
     boundary = np.any(np.diff(group_key, axis=0) != 0, axis=1)
     starts = np.flatnonzero(np.r_[len(keep) > 0, boundary]).astype(np.int64)
     sizes = np.diff(np.r_[starts, len(keep)]).astype(np.int64)
-    stats = _describe_segments(r.frame.values, keep, starts, sizes)
 
-    def make_rows() -> Iterator[TaskRow]:
-        # per-group values as lists up front: one numpy call each instead of a few per row
-        firsts, first_l, size_l = group_key[starts].tolist(), starts.tolist(), sizes.tolist()
-        samples = locator[r.row[keep[starts]]].tolist()
-        spans = info_spans[r.result[keep]]
-        for g, head in enumerate(_stat_dicts(stats, r.frame.columns, r.frame.all_int)):
-            (task, lab), first, num = firsts[g], first_l[g], size_l[g]
-            head = {"_ng_task_index": task} | head
-            if fan_out:
-                head["agent_ref"] = {"name": names[lab]}
-            exp = expected[(task, lab)]
-            tail = {
-                "num_rollouts": num,
-                "expected_num_rollouts": exp,
-                "missing_num_rollouts": exp - num,
-                "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
-            }
-            yield TaskRow(head, samples[g], tail, spans[first : first + num].tolist())
+    def make_rows(start: int, stop: int) -> Iterator[TaskRow]:
+        ends = np.cumsum(sizes)
+        for lo in range(start, stop, _GROUPS_PER_CHUNK):
+            hi = min(lo + _GROUPS_PER_CHUNK, stop)
+            # per-group values as lists, a chunk at a time: one numpy call each, not one per row
+            firsts, num_l = group_key[starts[lo:hi]].tolist(), sizes[lo:hi].tolist()
+            samples = locator[r.row[keep[starts[lo:hi]]]].tolist()
+            arrays = infos.arrays(r.result[keep[starts[lo] : ends[hi - 1]]], sizes[lo:hi])
+            stats = _describe_segments(r.frame.values, keep, starts[lo:hi], sizes[lo:hi])
+            heads = _stat_dicts(stats, r.frame.columns, r.frame.all_int)
+            for (task, lab), num, sample, info, stat in zip(
+                firsts, num_l, samples, arrays, heads, strict=True
+            ):
+                head = {"_ng_task_index": task} | stat
+                if fan_out:
+                    head["agent_ref"] = {"name": names[lab]}
+                exp = expected[(task, lab)]
+                tail = {
+                    "num_rollouts": num,
+                    "expected_num_rollouts": exp,
+                    "missing_num_rollouts": exp - num,
+                    "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
+                }
+                yield TaskRow(head, sample, tail, info)
 
     return TaskRows(len(starts), make_rows)
 
@@ -504,7 +568,6 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     res_row = row_of_key[keys.of_result]
     has_result = np.zeros(keys.size, dtype=bool)
     has_result[keys.of_result] = True
-    summary = _summary(in_task, run_key, has_result[keys.of_input])
 
     # masking (spec §2.4): masked results and their rows leave the measured set
     res_masked = state.column(state.res_masked).astype(bool)
@@ -534,25 +597,25 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         label=row_label[r_row],
         frame=_frame(state, results),
     )
-    info_end = state.column(state.info_end)
-    info_spans = np.stack([np.r_[0, info_end][:-1].astype(np.int64), info_end], axis=1)
-    task_rows = _task_rows(names, inputs.locator, info_spans, rollouts, m_task, m_label, fan_out)
-    agent_metrics, repeat_metrics = _agent_metrics(names, rollouts)
+    infos = _Infos.of(state)
+    task_rows = _task_rows(names, inputs.locator, infos, rollouts, m_task, m_label, fan_out)
 
-    # coverage keys, from every matched result in key order (spec §2.4)
-    coverage = _coverage(in_agent[res_row[by_key]], in_task[res_row[by_key]], res_masked[by_key])
-    by_name = {e["agent_ref"]["name"]: e for e in agent_metrics}
-    for ag, cov in coverage.items():
-        if names[ag] in by_name:
-            by_name[names[ag]].update(cov)
-        else:
-            agent_metrics.append({"agent_ref": {"name": names[ag]}} | cov)
+    def agents() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        agent_metrics, repeat_metrics = _agent_metrics(names, rollouts)
+        # coverage keys, from every matched result in key order (spec §2.4)
+        matched = res_row[by_key]
+        coverage = _coverage(in_agent[matched], in_task[matched], res_masked[by_key])
+        by_name = {e["agent_ref"]["name"]: e for e in agent_metrics}
+        for ag, cov in coverage.items():
+            if names[ag] in by_name:
+                by_name[names[ag]].update(cov)
+            else:
+                agent_metrics.append({"agent_ref": {"name": names[ag]}} | cov)
+        return agent_metrics, repeat_metrics
 
     return Profile(
-        task_rows=task_rows,
-        agent_metrics=agent_metrics,
-        repeat_metrics=repeat_metrics,
-        summary=summary,
-        masked_rollouts=int(res_masked.sum()),
-        info_pool=state.info_pool,
+        task_rows,
+        int(res_masked.sum()),
+        agents,
+        lambda: _summary(in_task, run_key, has_result[keys.of_input]),
     )

@@ -11,6 +11,13 @@ Framework-free: the Kafka processor and the in-process pipeline both feed decode
   only their offsets), so memory stays with the numbers.
 - A :class:`Run` is what the control topic says of a collection plus the parts of it this
   process holds; the final and partial profiles merge the parts of every unit.
+
+Once a run's final profile is written, its parts are *retired* (:meth:`Part.retire`): state,
+key set and spill file are dropped and a :class:`Final` tombstone keeps its counts, so a
+long-lived processor holds only the runs still being collected. Every later event of a retired
+part is counted as a duplicate (redelivered, republished or late: none may change the written
+profile), which needs no key set: ~15 B per rollout of every done run, kept forever, would be
+the very growth this avoids.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from processors.welford import RunningStats
 from rewardstream.contract import Input, Rollout, RunStarted
 from rewardstream.errors import InvalidRow
 
-__all__ = ["Counts", "Merged", "Part", "Run", "Spill", "Unit", "merge_parts"]
+__all__ = ["Counts", "Final", "Merged", "Part", "Run", "Spill", "Unit", "merge_parts"]
 
 
 class Spill:
@@ -119,6 +126,26 @@ class _KeySet:
         return True
 
 
+class _EveryKey:
+    """The key set of a retired part: every key counts as seen (no memory per key)."""
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return True
+
+    def add(self, task: int, rollout: int) -> bool:
+        return False
+
+
+class Final(NamedTuple):
+    """What a part keeps once its run's final profile is written: its counts (``/runs``,
+    manifests, completion), the tasks it completed and its live moments (metrics)."""
+
+    inputs: int
+    rollouts: int
+    tasks: int
+    live: dict[str, RunningStats]
+
+
 _INFO_CHUNK = 1 << 20  # rollout_infos bytes a part holds before it moves them to its spill
 
 
@@ -129,10 +156,12 @@ class Part:
     rollout part (moved there a MiB at a time): memory keeps only the numbers.
     """
 
+    final: Final | None = None  # set by retire(); a class default for older checkpoints
+
     def __init__(self, spill_path: Path) -> None:
         self.state = ProfileState()
         self.duplicates = 0
-        self._keys = _KeySet()
+        self._keys: _KeySet | _EveryKey = _KeySet()
         self._spill_path = spill_path
         self.spill: Spill | None = None  # opened by the first event
 
@@ -143,11 +172,26 @@ class Part:
 
     @property
     def inputs(self) -> int:
-        return self.state.num_inputs
+        return self.state.num_inputs if self.final is None else self.final.inputs
 
     @property
     def rollouts(self) -> int:
-        return self.state.num_results
+        return self.state.num_results if self.final is None else self.final.rollouts
+
+    def live(self) -> dict[str, RunningStats]:
+        """Per-agent running moments (as they were at retirement, once retired)."""
+        return self.state.live() if self.final is None else self.final.live
+
+    def retire(self, tasks: int) -> None:
+        """Drop the state, keys and spill file (the run's final profile is written): keep the
+        counts, the ``tasks`` it completed and its live moments; later events are duplicates."""
+        if self.final is not None:
+            return
+        self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
+        self.state, self._keys = ProfileState(), _EveryKey()
+        self.close()
+        self.spill = None
+        self._spill_path.unlink(missing_ok=True)
 
     def add_input(self, event: Input) -> bool:
         """Record one materialized row; False when it was seen before. A bad row raises
@@ -185,13 +229,6 @@ class Part:
             return b""
         assert self.spill is not None
         return self.spill.read(0, self.state.info_taken)
-
-    def copy(self) -> Part:
-        """A copy of the state (for a snapshot) that reads from the same spill (append-only,
-        so what the copy covers stays there)."""
-        clone = Part(self._spill_path)
-        clone.state, clone.spill = self.state.copy(), self.spill
-        return clone
 
     def close(self) -> None:
         if self.spill is not None:
@@ -240,8 +277,9 @@ class Run:
         self.run_id = run_id
         self.started: RunStarted | None = None
         self.finished = False
-        # after "finished": unit -> log end offset it must be consumed to before a partial final
-        self.finish_at: dict[str, int] = {}
+        # after "finished": unit -> log end offset it must be consumed to before a partial final;
+        # None while the transport does not know every partition's end yet
+        self.finish_at: dict[str, int] | None = {}
         self.done = False  # the final profile was written (here or by another processor)
         self.error: str | None = None
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
@@ -279,7 +317,7 @@ class Run:
         """Per-agent running moments over this process's parts (Chan's merge across parts)."""
         merged: dict[str, RunningStats] = {}
         for part in self.parts.values():
-            for agent, stats in part.state.live().items():
+            for agent, stats in part.live().items():
                 merged.setdefault(agent, RunningStats()).merge(stats)
         return merged
 
@@ -288,15 +326,37 @@ class Run:
 
         Inputs and rollouts of a task are co-partitioned, so over processors this adds up.
         """
-        states = [p.state for p in self.parts.values()]
+        retired = sum(p.final.tasks for p in self.parts.values() if p.final is not None)
+        return retired + sum(self._tasks_by_part().values())
+
+    def _tasks_by_part(self) -> dict[str, int]:
+        """The complete tasks (see :meth:`tasks_complete`) of the parts not retired, each
+        counted in the first part holding its results (a retired part keeps its count)."""
+        live = {n: p.state for n, p in self.parts.items() if p.final is None}
+        if not live:  # a done run: every scrape of every run ever profiled comes here
+            return {}
         empty = np.zeros(0, dtype=np.int64)
-        in_task = np.concatenate([empty, *(ProfileState.column(s.in_task) for s in states)])
-        res_task = np.concatenate([empty, *(ProfileState.column(s.res_task) for s in states)])
-        tasks, rows = np.unique(in_task, return_counts=True)
-        done = dict(zip(*np.unique(res_task, return_counts=True), strict=True))
-        return sum(
-            1 for t, n in zip(tasks.tolist(), rows.tolist(), strict=True) if done.get(t) == n
+        columns = [ProfileState.column(s.in_task) for s in live.values()]
+        tasks, rows = np.unique(np.concatenate([empty, *columns]), return_counts=True)
+        columns = [ProfileState.column(s.res_task) for s in live.values()]
+        res_tasks, results = np.unique(np.concatenate([empty, *columns]), return_counts=True)
+        both, at_in, at_res = np.intersect1d(
+            tasks, res_tasks, assume_unique=True, return_indices=True
         )
+        left = both[rows[at_in] == results[at_res]]
+        out = {}
+        for name, state in live.items():
+            held = np.intersect1d(left, ProfileState.column(state.res_task))
+            out[name] = len(held)
+            left = np.setdiff1d(left, held, assume_unique=True)
+        return out
+
+    def retire(self) -> list[str]:
+        """Retire this process's parts (the final profile is written); returns their units."""
+        tasks = self._tasks_by_part()
+        for name, count in tasks.items():
+            self.parts[name].retire(count)
+        return list(tasks)
 
 
 class Merged(NamedTuple):

@@ -19,9 +19,9 @@ import numpy.typing as npt
 
 from processors.records import ResultRecord, extract_result
 from processors.welford import Moments, RunningStats
-from rewardstream.errors import InvalidRow
+from rewardstream.errors import InvalidRow, MissingKey
 
-__all__ = ["LOCATOR_BITS", "ProfileState", "row_key"]
+__all__ = ["LOCATOR_BITS", "ProfileState", "row_key", "row_names"]
 
 LOCATOR_BITS = 40
 """Merged parts tag their locators with ``part << LOCATOR_BITS`` (offsets stay below 1 TiB)."""
@@ -30,24 +30,46 @@ _NO_NAME = -1
 _DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut short: an error line must stay one readable line."""
+    try:
+        text = repr(value)
+    except RecursionError:  # JSON nests deeper (1024) than repr recurses
+        return f"a {type(value).__name__} nested too deeply to show"
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
 def row_key(row: dict[str, Any]) -> tuple[int, int]:
     """The (task, rollout) key of a row or result, with a clear error when it is unusable."""
     try:
         task, rollout = row["_ng_task_index"], row["_ng_rollout_index"]
     except KeyError as exc:
-        raise InvalidRow(f"missing field {exc.args[0]!r}") from None
+        raise MissingKey(f"missing field {exc.args[0]!r}") from None
     except TypeError:
         raise InvalidRow(f"expected a JSON object, got {type(row).__name__}") from None
     for name, value in (("_ng_task_index", task), ("_ng_rollout_index", rollout)):
         if type(value) is not int or not -(2**63) <= value < 2**63:
-            raise InvalidRow(f"field {name!r} must be a 64-bit integer, got {value!r}")
+            raise InvalidRow(f"field {name!r} must be a 64-bit integer, got {_shown(value)}")
     return task, rollout
 
 
 def _optional_name(value: Any, field: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
-    raise InvalidRow(f"field {field!r} must be a string or null, got {value!r}")
+    raise InvalidRow(f"field {field!r} must be a string or null, got {_shown(value)}")
+
+
+def row_names(row: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A materialized row's ``agent_ref.name`` and ``_ng_environment_server``, checked.
+
+    Shared by the batch reader and every producer of input events, so a row the profiler
+    would reject is rejected where its file and line are known, before it is published.
+    """
+    agent_ref = row.get("agent_ref")
+    if agent_ref is not None and type(agent_ref) is not dict:
+        raise InvalidRow(f"field 'agent_ref' must be an object or null, got {_shown(agent_ref)}")
+    agent = _optional_name(agent_ref.get("name") if agent_ref else None, "agent_ref.name")
+    return agent, _optional_name(row.get("_ng_environment_server"), "_ng_environment_server")
 
 
 class ProfileState:
@@ -100,11 +122,7 @@ class ProfileState:
         :class:`InvalidRow` before anything is recorded.
         """
         task, rollout = key or row_key(row)
-        agent_ref = row.get("agent_ref")
-        agent = _optional_name(
-            agent_ref.get("name") if isinstance(agent_ref, dict) else None, "agent_ref.name"
-        )
-        server = _optional_name(row.get("_ng_environment_server"), "_ng_environment_server")
+        agent, server = row_names(row)
         self.in_task.append(task)
         self.in_rollout.append(rollout)
         self.in_agent.append(self._name_id(agent))
@@ -143,23 +161,16 @@ class ProfileState:
         self.info_pool = bytearray()
         return taken
 
-    def merge(
-        self, other: ProfileState, locator_shift: int = 0, taken_infos: bytes | None = b""
-    ) -> None:
+    def merge(self, other: ProfileState, locator_shift: int = 0, taken_infos: bytes = b"") -> None:
         """Fold another state (e.g. another shard's) into this one.
 
         ``locator_shift`` is added to the other's locators, so parts whose ``sample`` rows live
         in different files can say which file (see :data:`LOCATOR_BITS`). ``taken_infos`` are
-        the other's entries given away by :meth:`take_infos`, its first ``info_taken`` bytes;
-        None (only into an empty state: :meth:`copy`) leaves them taken.
+        the other's entries given away by :meth:`take_infos`, its first ``info_taken`` bytes.
         """
-        if taken_infos is None:
-            assert self.num_results == 0, "taken entries stay taken only in a copy"
-            self.info_taken, info_base, taken_infos = other.info_taken, 0, b""
-        elif len(taken_infos) != other.info_taken:
+        if len(taken_infos) != other.info_taken:
             raise ValueError(f"merge needs {other.info_taken} bytes of taken rollout infos")
-        else:
-            info_base = self.info_taken + len(self.info_pool)
+        info_base = self.info_taken + len(self.info_pool)
         remap = np.array([self._name_id(n) for n in other.names] + [_NO_NAME], dtype=np.int32)
         pairs = (
             (self.in_agent, other.in_agent),
@@ -230,16 +241,6 @@ class ProfileState:
         relative to the first of them, and how many values they hold together."""
         widths = np.array([len(n) for n, _ in self.schemas] or [0], dtype=np.int64)[schema]
         return np.cumsum(widths) - widths, int(widths.sum())
-
-    def copy(self) -> ProfileState:
-        """An independent copy (a snapshot can be built from it while ingestion goes on).
-
-        Entries taken by :meth:`take_infos` stay taken: the copy has the same ``info_taken``
-        and the same offsets, so it merges with the same ``taken_infos``.
-        """
-        clone = ProfileState()
-        clone.merge(self, taken_infos=None)
-        return clone
 
     # -- read-only views for the profile builder --------------------------------------------
     @property

@@ -32,21 +32,25 @@ from aiokafka import (
     TopicPartition,
 )
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import MessageSizeTooLargeError
 
 from processors.checkpoint import CheckpointStore
 from processors.http import make_app, serve
 from processors.pipeline import EventKind, Pipeline, Rejected
 from processors.runs import Run, Unit
 from rewardstream.contract import Topics
+from rewardstream.kafka_config import KafkaSecurity, start_client
 from sinks.metrics import Metrics
 
-__all__ = ["StreamProcessor"]
+__all__ = ["MAX_EVENT_BYTES", "StreamProcessor"]
 
 log = logging.getLogger(__name__)
 
 _PEERS_EVERY = 0.5  # seconds between reads of the peers' manifests
 _BATCH = 10_000  # records per fetched batch
 _SLICE = 2_000  # records applied between two chances for the fetcher to run
+MAX_EVENT_BYTES = 1 << 20  # larger events are dead letters ("oversized"), never parsed
+DEAD_LETTER_CUT = 64 << 10  # what is kept of a dead letter too large to park whole
 
 Batch = dict[TopicPartition, list[ConsumerRecord]]
 
@@ -61,16 +65,24 @@ class StreamProcessor:
         topics: Topics | None = None,
         group_id: str | None = None,
         checkpoint_every: float = 5.0,
+        security: KafkaSecurity | None = None,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         self.bootstrap = bootstrap
+        self.security = security or KafkaSecurity.from_env()  # SASL/TLS for every client
         self.topics = topics or Topics.for_prefix()
         self.group_id = group_id or f"{self.topics.inputs.rsplit('.', 1)[0]}-profiler"
         self.store = CheckpointStore(output_dir / ".checkpoint")
         self.metrics = Metrics(lambda: self.pipeline.runs, self.lag)
         self.pipeline = Pipeline(
-            output_dir, on_reject=self._reject, metrics=self.metrics, peers=self.store
+            output_dir,
+            on_reject=self._reject,
+            metrics=self.metrics,
+            peers=self.store,
+            max_event_bytes=max_event_bytes,
         )
         self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
+        self._parking = 0  # dead letters sent but not yet acknowledged
         self._at: ConsumerRecord | None = None  # the record being handled, for dead letters
         self._data: AIOKafkaConsumer | None = None
         self._kinds: dict[str, EventKind] = {
@@ -92,8 +104,11 @@ class StreamProcessor:
             if http is not None:
                 runner = await serve(make_app(self.pipeline, self.metrics.registry), *http)
                 stack.push_async_callback(runner.cleanup)
-            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, enable_idempotence=True)
-            await producer.start()
+            secure = self.security.client_kwargs()
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap, enable_idempotence=True, **secure
+            )
+            await start_client(producer, self.bootstrap, self.security)
             stack.push_async_callback(producer.stop)
             control = AIOKafkaConsumer(
                 self.topics.control,
@@ -101,19 +116,21 @@ class StreamProcessor:
                 group_id=None,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
+                **secure,
             )
-            await control.start()
+            await start_client(control, self.bootstrap, self.security)
             stack.push_async_callback(control.stop)
             data = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
                 group_id=self.group_id,
+                **secure,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 max_partition_fetch_bytes=8 << 20,
                 partition_assignment_strategy=(RangePartitionAssignor,),
             )
             data.subscribe(list(self._kinds), listener=_Rebalance(self, data))
-            await data.start()
+            await start_client(data, self.bootstrap, self.security)
             stack.push_async_callback(data.stop)
             stack.callback(self.save_checkpoint)
             self._data = data
@@ -146,7 +163,10 @@ class StreamProcessor:
         return out
 
     def save_checkpoint(self) -> None:
-        """Checkpoint every owned unit that changed since its last checkpoint."""
+        """Checkpoint every owned unit that changed since its last checkpoint; not while
+        rejected events wait to be parked (a restart must meet them again)."""
+        if self._rejected or self._parking:
+            return
         for unit in self.pipeline.units.values():
             if unit.dirty:
                 self.store.save(unit)
@@ -154,20 +174,56 @@ class StreamProcessor:
     def _reject(self, rejected: Rejected) -> None:
         at = self._at
         source = f"{at.topic}:{at.partition}:{at.offset}" if at is not None else ""
-        log.warning("dead letter from %s (%s event): %s", source, rejected.kind, rejected.reason)
+        log.warning(
+            "dead letter from %s (%s event, %s): %s",
+            source,
+            rejected.kind,
+            rejected.reason,
+            rejected.detail,
+        )
         self._rejected.append((rejected, source))
 
     async def _dead_letters(self, producer: AIOKafkaProducer) -> None:
-        """Park rejected events, original bytes and reason, before their offsets are saved."""
+        """Park rejected events, original bytes and reason, before their offsets are saved.
+
+        An event too large for the producer or the dead-letter topic is parked as its first
+        :data:`DEAD_LETTER_CUT` bytes, with its full length in a ``size`` header. A failure to
+        park raises: the offsets are not saved, so a restarted processor parks them again.
+        """
         rejected, self._rejected = self._rejected, []
+        self._parking += len(rejected)  # until delivered: no checkpoint may cover them
+        sent = []
         for event, at in rejected:
-            headers = [
-                ("reason", event.reason.encode()),
-                ("kind", event.kind.encode()),
-                ("source", at.encode()),
-            ]
-            await producer.send(self.topics.dead_letters, event.raw, headers=headers)
-        await producer.flush()
+            try:
+                delivery = await self._park(producer, event, at, whole=True)
+            except MessageSizeTooLargeError:  # above the producer's max_request_size
+                delivery = await self._park(producer, event, at, whole=False)
+            sent.append((event, at, delivery))
+        for event, at, delivery in sent:
+            try:
+                await delivery
+            except MessageSizeTooLargeError:  # above the topic's max.message.bytes
+                await (await self._park(producer, event, at, whole=False))
+        self._parking -= len(rejected)
+
+    async def _park(
+        self, producer: AIOKafkaProducer, event: Rejected, at: str, whole: bool
+    ) -> asyncio.Future[object]:
+        """Send one dead letter (cut short unless ``whole``); returns its delivery."""
+        headers = [
+            ("reason", event.reason.encode()),
+            ("kind", event.kind.encode()),
+            ("source", at.encode()),
+            ("detail", event.detail.encode()),
+        ]
+        value = event.raw
+        if not whole and len(value) > DEAD_LETTER_CUT:
+            value = value[:DEAD_LETTER_CUT]
+            headers.append(("size", b"%d" % len(event.raw)))
+        delivery: asyncio.Future[object] = await producer.send(
+            self.topics.dead_letters, value, headers=headers
+        )
+        return delivery
 
     def data_partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         """Every partition of the inputs and rollouts topics, as far as ``consumer`` knows."""
@@ -177,11 +233,14 @@ class StreamProcessor:
             for p in sorted(consumer.partitions_for_topic(topic) or ())
         ]
 
-    async def _end_offsets(self) -> dict[str, int]:
-        """The log end offset of every data partition, by unit name."""
+    async def _end_offsets(self) -> dict[str, int] | None:
+        """The log end offset of every data partition, by unit name; None while the consumer
+        has no metadata for a data topic yet (just after a start): a partial answer would let
+        a finished run end before the other partitions' data is consumed."""
         assert self._data is not None
-        parts = self.data_partitions(self._data)
-        ends = await self._data.end_offsets(parts) if parts else {}
+        if any(self._data.partitions_for_topic(topic) is None for topic in self._kinds):
+            return None
+        ends = await self._data.end_offsets(self.data_partitions(self._data))
         return {self.unit_name(tp): end for tp, end in ends.items()}
 
     async def _control(
@@ -233,6 +292,8 @@ class StreamProcessor:
                 touched |= {r.run_id: r for r in self.pipeline.runs.values() if not r.done}
             touched |= {r.run_id: r for r in self.pipeline.runs.values() if r.finished}
             for run in touched.values():
+                if run.finished and run.finish_at is None:  # ends unknown when it was read
+                    run.finish_at = await self._end_offsets()
                 self.pipeline.maybe_finish(run)
             if self._rejected:
                 await self._dead_letters(producer)

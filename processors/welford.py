@@ -53,6 +53,7 @@ class Moments:
         self.max = max(self.max, other.max)
 
     @classmethod
+    @np.errstate(over="ignore", invalid="ignore")  # huge values overflow to inf: no warning
     def of(cls, values: npt.NDArray[np.float64]) -> Moments:
         """Two-pass state of a whole batch (cheaper than one update per value)."""
         if len(values) == 0:

@@ -12,8 +12,10 @@ import asyncio
 import signal
 from pathlib import Path
 
-from producers.publish import PublishReport, publish_files
+from producers.publish import PublishReport, default_run_id, publish_files
+from rewardstream import kafka_config
 from rewardstream.contract import Topics
+from rewardstream.errors import InputError, LineError
 
 __all__ = ["add_parser"]
 
@@ -43,11 +45,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="with --follow: finish the run after S seconds without a new line (default 30)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    kafka_config.add_arguments(p)
     p.set_defaults(func=_cmd_publish)
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    report = asyncio.run(_publish(args))
+    try:
+        report = asyncio.run(_publish(args))
+    except LineError as exc:  # lines are sent as they are read: say what the topics now hold
+        run_id = args.run_id or default_run_id(args.rollouts)
+        raise InputError(
+            f"{exc} (publishing stopped at this line: the lines before it were published and "
+            f"run {run_id!r} was left unfinished; once the line is fixed, publish again: "
+            "events already sent are dropped as duplicates)"
+        ) from None
     print(
         f"published run_id={report.run_id} inputs={report.inputs_sent} "
         f"rollouts={report.rollouts_sent} in {report.seconds:.2f}s"
@@ -56,6 +67,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 
 async def _publish(args: argparse.Namespace) -> PublishReport:
+    security = kafka_config.from_args(args)  # a bad setting fails before anything starts
     stop = asyncio.Event()
     if args.follow:  # a graceful stop still publishes RunFinished; without --follow, Ctrl-C aborts
         loop = asyncio.get_running_loop()
@@ -71,4 +83,5 @@ async def _publish(args: argparse.Namespace) -> PublishReport:
         idle_timeout=args.idle_timeout,
         stop=stop,
         progress=not args.quiet,
+        security=security,
     )

@@ -36,6 +36,7 @@ from producers.collect import CollectConfig, CollectReport, collect
 from producers.live import KafkaSink, PipelineSink
 from rewardstream.contract import Topics
 from rewardstream.errors import InputError
+from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import free_port
 from sinks.files import ProfilePaths
 
@@ -55,12 +56,18 @@ async def _through_pipeline(cfg: CollectConfig, state: Path) -> tuple[CollectRep
 
 
 async def _through_kafka(
-    cfg: CollectConfig, state: Path, bootstrap: str, topics: Topics, timeout: float = 120.0
+    cfg: CollectConfig,
+    state: Path,
+    bootstrap: str,
+    topics: Topics,
+    security: KafkaSecurity | None = None,
+    timeout: float = 120.0,
 ) -> tuple[CollectReport, ProfilePaths]:
     from processors.stream import StreamProcessor
 
-    sink = await KafkaSink(bootstrap, topics).start()  # fails first, and clearly, without Kafka
-    processor = StreamProcessor(bootstrap, state, topics, f"rewardstream-demo-{uuid.uuid4().hex}")
+    sink = await KafkaSink(bootstrap, topics, security).start()  # fails first, and clearly
+    group = f"rewardstream-demo-{uuid.uuid4().hex}"
+    processor = StreamProcessor(bootstrap, state, topics, group, security=security)
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
     try:
@@ -86,6 +93,7 @@ async def _demo(
     repeats: int,
     parallel: int,
     limit: int | None,
+    security: KafkaSecurity | None,
 ) -> ProfilePaths:
     output_dir.mkdir(parents=True, exist_ok=True)
     config = load_config([f"+config_paths=[{BUNDLED_CONFIG}]", f"+head_server.port={free_port()}"])
@@ -106,7 +114,9 @@ async def _demo(
                     report, made = await _through_pipeline(cfg, Path(state))
                 else:
                     topics = Topics.for_prefix(topic_prefix)
-                    report, made = await _through_kafka(cfg, Path(state), bootstrap, topics)
+                    report, made = await _through_kafka(
+                        cfg, Path(state), bootstrap, topics, security
+                    )
                 final = ProfilePaths.next_to(report.paths.rollouts)
                 for src, dst in zip(made, final, strict=True):
                     src.replace(dst)
@@ -129,7 +139,11 @@ def run_demo(
     repeats: int = 4,
     parallel: int = 32,
     limit: int | None = None,
+    security: KafkaSecurity | None = None,
 ) -> ProfilePaths:
-    """Run the demo into ``output_dir``; returns where the profile files are."""
+    """Run the demo into ``output_dir``; returns where the profile files are. ``security``:
+    Kafka SASL/TLS settings with ``bootstrap`` (default: ``REWARDSTREAM_KAFKA_*``)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return uvloop.run(_demo(output_dir, bootstrap, topic_prefix, repeats, parallel, limit))
+    return uvloop.run(
+        _demo(output_dir, bootstrap, topic_prefix, repeats, parallel, limit, security)
+    )

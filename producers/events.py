@@ -1,6 +1,6 @@
 """Turn a collection's lines into wire events (shared by the publisher and the embedded path).
 
-Every rollouts line is checked with the profiler's own rules before its event exists, so a bad
+Every line is checked with the profiler's own rules before its event exists, so a bad
 line fails here with its file and line number, exactly as ``ng_reward_profile`` reports it.
 """
 
@@ -15,7 +15,7 @@ import orjson
 
 from processors.pipeline import EventKind
 from processors.records import agent_of, extract_result
-from processors.state import row_key
+from processors.state import row_key, row_names
 from rewardstream.contract import encode_input, encode_rollout, task_key
 from rewardstream.errors import InvalidRow, LineError
 from rewardstream.jsonl import iter_jsonl
@@ -32,9 +32,11 @@ class WireEvent(NamedTuple):
 
 
 def input_event(row: Any, run_id: str, path: Path, lineno: int) -> WireEvent:
-    """The event of materialized row ``lineno`` (1-based) of ``path``."""
+    """The event of materialized row ``lineno`` (1-based) of ``path``, checked as the batch
+    profiler checks it (a row it would reject fails here, not in the processor)."""
     try:
         task, _ = row_key(row)
+        row_names(row)
         return WireEvent("input", task_key(task), encode_input(run_id, lineno - 1, row))
     except (InvalidRow, orjson.JSONEncodeError) as exc:
         raise LineError(str(path), lineno, str(exc)) from None

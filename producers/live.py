@@ -12,7 +12,7 @@ import contextlib
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaError
 
 from processors.pipeline import EventKind, Pipeline, Rejected
 from processors.runs import Run
@@ -20,6 +20,7 @@ from producers.lines import MAX_MESSAGE_BYTES
 from producers.publish import Sender
 from rewardstream.contract import Topics
 from rewardstream.errors import InputError
+from rewardstream.kafka_config import KafkaSecurity, start_client
 from sinks.files import ProfilePaths
 
 __all__ = ["EventSink", "KafkaSink", "PipelineSink"]
@@ -41,8 +42,11 @@ class KafkaSink:
     and at a burst's pace batches fill.
     """
 
-    def __init__(self, bootstrap: str, topics: Topics) -> None:
+    def __init__(
+        self, bootstrap: str, topics: Topics, security: KafkaSecurity | None = None
+    ) -> None:
         self.bootstrap = bootstrap
+        self.security = security or KafkaSecurity.from_env()  # SASL/TLS settings
         self._topic: dict[EventKind, str] = {
             "input": topics.inputs,
             "rollout": topics.rollouts,
@@ -54,15 +58,12 @@ class KafkaSink:
             enable_idempotence=True,
             linger_ms=5,
             max_request_size=MAX_MESSAGE_BYTES,
+            **self.security.client_kwargs(),
         )
         self._pump: asyncio.Task[None] | None = None
 
     async def start(self) -> KafkaSink:
-        try:
-            await self._producer.start()
-        except KafkaConnectionError as exc:
-            await self._producer.stop()
-            raise InputError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from None
+        await start_client(self._producer, self.bootstrap, self.security)
         self._pump = asyncio.create_task(self._run(Sender(self._producer)))
         return self
 
@@ -107,7 +108,8 @@ class PipelineSink:
     async def send(self, kind: EventKind, key: bytes, value: bytes) -> None:
         self.run = self.pipeline.handle(kind, value) or self.run
         if self.rejected:
-            raise InputError(f"event rejected by the pipeline: {self.rejected[0].reason}")
+            first = self.rejected[0]
+            raise InputError(f"event rejected by the pipeline ({first.reason}): {first.detail}")
 
     async def close(self, finished: bool) -> None:
         if finished and self.run is not None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from pydantic import ValidationError
@@ -49,6 +49,7 @@ from producers.lines import MAX_MESSAGE_BYTES, Chunk, Encoder, Tail, encode_rows
 from rewardstream.contract import RunFinished, RunStarted, Topics, encode, run_id_from
 from rewardstream.errors import InputError
 from rewardstream.jsonl import check_input_file
+from rewardstream.kafka_config import KafkaSecurity, start_client
 
 __all__ = ["PublishReport", "Sender", "default_run_id", "publish_files"]
 
@@ -87,6 +88,7 @@ async def publish_files(
     idle_timeout: float = 30.0,
     stop: asyncio.Event | None = None,
     progress: bool = False,
+    security: KafkaSecurity | None = None,
 ) -> PublishReport:
     """Publish one collection (see the module docstring for the order of events).
 
@@ -94,6 +96,7 @@ async def publish_files(
     complete lines are sent; a truncated or replaced file is read again from its start (the
     processor deduplicates by (run, task, rollout)); it ends when ``stop`` is set or after
     ``idle_timeout`` seconds without a new complete line. Inputs are read once, at the start.
+    ``security``: SASL/TLS settings (default: from ``REWARDSTREAM_KAFKA_*``).
     """
     began = time.perf_counter()
     inputs = check_input_file(inputs, "--inputs")
@@ -107,7 +110,7 @@ async def publish_files(
         rollouts_encoder = (
             None if follow else stack.enter_context(Encoder(rollouts, rollout_event, run_id))
         )
-        producer = await _start_producer(bootstrap)
+        producer = await _start_producer(bootstrap, security or KafkaSecurity.from_env())
         sender = Sender(producer)
         bar = tqdm(
             desc=f"publishing {rollouts.name}",
@@ -138,19 +141,16 @@ async def publish_files(
     return PublishReport(run_id, n_inputs, publisher.sent, time.perf_counter() - began)
 
 
-async def _start_producer(bootstrap: str) -> AIOKafkaProducer:
+async def _start_producer(bootstrap: str, security: KafkaSecurity) -> AIOKafkaProducer:
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         enable_idempotence=True,
         linger_ms=10,
         max_batch_size=524_288,  # fewer, larger requests: less CPU here and in the broker
         max_request_size=MAX_MESSAGE_BYTES,
+        **security.client_kwargs(),
     )
-    try:
-        await producer.start()
-    except KafkaConnectionError as exc:
-        await producer.stop()
-        raise InputError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+    await start_client(producer, bootstrap, security)
     return producer
 
 

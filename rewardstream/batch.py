@@ -10,7 +10,7 @@ import contextlib
 import multiprocessing
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from processors.profile import Profile, build_profile
 from processors.state import ProfileState
-from rewardstream.errors import InvalidRow, LineError
+from rewardstream.errors import InputError, InvalidRow, LineError
 from rewardstream.jsonl import check_input_file, count_lines, iter_jsonl, split_ranges
 from sinks.files import InputsFile, ProfilePaths, summary_lines, write_profile
 
@@ -115,8 +115,23 @@ def run_profile(config: ProfileConfig) -> tuple[Profile, ProfilePaths]:
     profile = build_profile(state, config.allow_partial_rollouts)
     paths = ProfilePaths.next_to(config.rollouts_jsonl_fpath)
     with InputsFile(config.materialized_inputs_jsonl_fpath) as inputs:
-        write_profile(profile, paths, inputs.sample)
+        write_profile(profile, paths, _located(inputs))
     return profile, paths
+
+
+def _located(inputs: InputsFile) -> Callable[[int], bytes]:
+    """``inputs.sample``, whose error (a row nested too deeply to write back) names its line:
+    lines are kept as byte offsets, so the line number is counted only on that error."""
+
+    def sample(offset: int) -> bytes:
+        try:
+            return inputs.sample(offset)
+        except InputError as exc:
+            path = str(inputs.path)
+            reason = str(exc).removeprefix(f"{path}: ")
+            raise LineError(path, count_lines(path, offset) + 1, reason) from None
+
+    return sample
 
 
 def print_summary(profile: Profile, paths: ProfilePaths) -> None:

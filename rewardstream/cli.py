@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import logging
 import signal
 import sys
@@ -21,13 +22,12 @@ import orjson
 from pydantic import ValidationError
 
 from producers import cli as publish_cli
-from rewardstream import kafka_local
+from rewardstream import kafka_config, kafka_local
 from rewardstream.batch import ProfileConfig, print_summary, run_profile
 from rewardstream.contract import run_id_from
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
 from rewardstream.jsonl import check_input_file
 from rewardstream.overrides import parse_overrides
-from sinks.files import write_files
 
 __all__ = ["main", "ng_reward_profile"]
 
@@ -99,10 +99,18 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _host_port(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
+    """``HOST:PORT`` (``[::1]:PORT`` too), or a bare ``PORT`` meaning 127.0.0.1: nothing
+    listens beyond loopback unless a host is named."""
+    host, colon, port = text.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536 or (colon and not host.strip("[]")):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT or PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def _cmd_stream(args: argparse.Namespace) -> int:
@@ -118,6 +126,8 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         Topics.for_prefix(args.topic_prefix),
         args.group_id,
         checkpoint_every=args.checkpoint_every,
+        security=kafka_config.from_args(args),
+        max_event_bytes=args.max_event_bytes,
     )
 
     async def main() -> None:
@@ -154,34 +164,37 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from producers.demo import run_demo
 
     bootstrap = None if args.bootstrap is None else ":".join(map(str, args.bootstrap))
+    security = kafka_config.from_args(args)
     run_demo(
-        Path(args.output_dir), bootstrap, args.topic_prefix, args.repeats, args.parallel, args.limit
+        Path(args.output_dir),
+        bootstrap,
+        args.topic_prefix,
+        args.repeats,
+        args.parallel,
+        args.limit,
+        security,
     )
     return 0
 
 
 def _cmd_snapshot(args: argparse.Namespace) -> int:
-    from processors.pipeline import Snapshot
+    from processors.snapshot import receive
 
     url = f"{args.url.rstrip('/')}/runs/{urllib.parse.quote(args.run_id, safe='')}/snapshot"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=600) as r:
-            body = r.read()
-        snap = Snapshot.from_bytes(body)
+            head = receive(r, Path(args.out), url)
     except urllib.error.HTTPError as exc:
         raise InputError(
             f"snapshot failed: HTTP {exc.code} {exc.read().decode(errors='replace')}"
         ) from None
     except urllib.error.URLError as exc:
         raise InputError(f"cannot reach {args.url}: {exc.reason}") from None
-    except (ValueError, TypeError, KeyError) as exc:  # not our framing: another server?
-        raise InputError(f"{url} did not answer with a snapshot: {exc!r}"[:300]) from None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_files([(out / Path(name).name, [data]) for name, data in snap.files.items()])
+    except (http.client.HTTPException, ConnectionError) as exc:  # the stream broke off
+        raise InputError(f"{url}: the snapshot response was cut short ({exc!r})"[:300]) from None
     print(
-        f"snapshot run_id={snap.run_id} rollouts={snap.rollouts} inputs={snap.inputs} "
-        f"offsets={orjson.dumps(snap.offsets).decode()} -> {out}"
+        f"snapshot run_id={head.run_id} rollouts={head.rollouts} inputs={head.inputs} "
+        f"offsets={orjson.dumps(head.offsets).decode()} -> {args.out}"
     )
     return 0
 
@@ -203,12 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stream", help="run the Kafka stream processor")
     st.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
     st.add_argument("--output-dir", required=True, help="final profiles go to DIR/<run_id>/")
-    st.add_argument("--http", type=_host_port, help="serve snapshots on HOST:PORT")
+    st.add_argument(
+        "--http", type=_host_port, help="serve snapshots on HOST:PORT (PORT: on 127.0.0.1)"
+    )
     st.add_argument("--topic-prefix", default="rewardstream")
     st.add_argument("--group-id", default=None, help="consumer group (default <prefix>-profiler)")
     st.add_argument(
         "--checkpoint-every", type=float, default=5.0, help="seconds between checkpoints (5)"
     )
+    st.add_argument(
+        "--max-event-bytes",
+        type=_positive_int,
+        default=1 << 20,
+        help="larger events go to the dead-letter topic unparsed, reason 'oversized' (1 MiB)",
+    )
+    kafka_config.add_arguments(st)
     st.set_defaults(func=_cmd_stream)
     rp = sub.add_parser(
         "replay", help="stream a collection's files through the in-process pipeline"
@@ -232,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--repeats", type=int, default=4, help="rollouts per task (4)")
     dm.add_argument("--parallel", type=int, default=32, help="rollouts in flight (32)")
     dm.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    kafka_config.add_arguments(dm)
     dm.set_defaults(func=_cmd_demo)
     publish_cli.add_parser(sub)
     kafka_local.add_parser(sub)

@@ -20,10 +20,11 @@ schema and words the errors, for anything the fast check does not accept; the tw
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, NamedTuple, Self
+from typing import Annotated, Any, Literal, NamedTuple, Self, get_args
 
 import orjson
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -32,16 +33,21 @@ from pydantic import (
     StrictInt,
     StrictStr,
     TypeAdapter,
+    ValidationError,
     model_validator,
 )
 
 from processors.records import ResultRecord
+from rewardstream.errors import MissingKey
 
 __all__ = [
+    "MAX_NAME_BYTES",
+    "REJECT_REASONS",
     "SCHEMA_VERSION",
     "ControlEvent",
     "Input",
     "InputEvent",
+    "RejectReason",
     "Rollout",
     "RolloutEvent",
     "RolloutRecord",
@@ -54,12 +60,32 @@ __all__ = [
     "encode",
     "encode_input",
     "encode_rollout",
+    "reject_reason",
     "run_id_from",
     "task_key",
+    "valid_output_stem",
 ]
 
 SCHEMA_VERSION: Literal[2] = 2  # 2: rollout events carry the extracted record
 _RUN_ID = r"^\w[\w.-]*$"  # a path component of the output folder: no separators, no leading dot
+_STEM = r"^[\w.-]+$"  # the rollouts file's stem: a file name once a suffix is appended
+MAX_NAME_BYTES = 200  # run ids and stems name folders and files: far below NAME_MAX (255 bytes)
+
+
+def _fits_a_name(value: str) -> str:
+    """Characters are not bytes: 200 non-ASCII characters would exceed the file system's
+    255-byte name limit and fail every write for the run (the processor would crash-loop)."""
+    if len(value.encode()) > MAX_NAME_BYTES:
+        raise ValueError(f"must be at most {MAX_NAME_BYTES} bytes in UTF-8 (it names a file)")
+    return value
+
+
+RunId = Annotated[
+    str, Field(min_length=1, max_length=200, pattern=_RUN_ID), AfterValidator(_fits_a_name)
+]
+OutputStem = Annotated[
+    str, Field(min_length=1, max_length=200, pattern=_STEM), AfterValidator(_fits_a_name)
+]
 
 
 class Topics(NamedTuple):
@@ -78,8 +104,19 @@ class Topics(NamedTuple):
 
 
 def run_id_from(text: str) -> str:
-    """``text`` made into a valid run id (invalid characters become ``_``)."""
-    return re.sub(r"[^\w.-]", "_", text).lstrip(".-") or "run"
+    """``text`` made into a valid run id (invalid characters become ``_``), cut to 180 bytes so
+    that a ``-<8 hex>`` suffix still fits :data:`MAX_NAME_BYTES`."""
+    cut = re.sub(r"[^\w.-]", "_", text).encode()[:180].decode(errors="ignore")
+    return cut.lstrip(".-") or "run"
+
+
+def valid_output_stem(stem: object) -> bool:
+    """What ``RunStarted.output_stem`` accepts (a snapshot client checks the names it writes)."""
+    return (
+        isinstance(stem, str)
+        and re.fullmatch(_STEM, stem) is not None
+        and 0 < len(stem.encode()) <= MAX_NAME_BYTES
+    )
 
 
 def task_key(task: int) -> bytes:
@@ -91,7 +128,7 @@ class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     v: Literal[2] = SCHEMA_VERSION
-    run_id: str = Field(min_length=1, max_length=200, pattern=_RUN_ID)
+    run_id: RunId
 
 
 class InputEvent(_Event):
@@ -147,7 +184,7 @@ class RunStarted(_Event):
 
     type: Literal["run_started"] = "run_started"
     expected_rollouts: int = Field(ge=0)
-    output_stem: str = Field(min_length=1, max_length=200, pattern=r"^[\w.-]+$")
+    output_stem: OutputStem
 
 
 class RunFinished(_Event):
@@ -273,6 +310,8 @@ def _valid_run_id(run_id: Any) -> bool:
     if run_id not in _known_run_ids:
         if not 0 < len(run_id) <= 200 or not _RUN_ID_RE.fullmatch(run_id):
             return False
+        if len(run_id.encode()) > MAX_NAME_BYTES:
+            return False
         if len(_known_run_ids) > 10_000:
             _known_run_ids.clear()
         _known_run_ids.add(run_id)
@@ -331,3 +370,43 @@ def _rollout_fast(d: Any) -> Rollout | None:
 
 def decode_control(raw: bytes) -> RunStarted | RunFinished:
     return _CONTROL.validate_python(orjson.loads(raw))
+
+
+# Dead letters: why an event could not be used, as one of a fixed set of categories (the
+# ``reason`` header and a metric label, so its cardinality stays bounded; the error text goes
+# in the ``detail`` header).
+RejectReason = Literal[
+    "not-json",  # not a JSON document (truncated, invalid UTF-8, binary, ...)
+    "non-finite-number",  # NaN, Infinity, or a number beyond a double: not JSON (spec 0.2)
+    "schema-version",  # a ``v`` other than SCHEMA_VERSION
+    "missing-id",  # no run_id, task or rollout (or a row without its _ng_* indices)
+    "invalid-event",  # any other violation of the event's schema (a wrong type, a bad run id)
+    "unknown-run",  # run_finished for a run that never had a run_started
+    "oversized",  # above the processor's --max-event-bytes (not parsed)
+]
+REJECT_REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
+_ID_FIELDS = frozenset({("run_id",), ("task",), ("rollout",)})
+_CONTROL_TYPES = frozenset(get_args(RunStarted.model_fields["type"].annotation))
+_CONTROL_TYPES |= frozenset(get_args(RunFinished.model_fields["type"].annotation))
+
+
+def reject_reason(exc: Exception) -> RejectReason:
+    """The dead-letter category of an error raised while decoding or applying an event."""
+    if isinstance(exc, orjson.JSONDecodeError):
+        rest = exc.doc[exc.pos : exc.pos + 8] if isinstance(exc.doc, str) else ""
+        if exc.msg.startswith("number is infinity") or rest.startswith(("NaN", "Infinity")):
+            return "non-finite-number"
+        return "not-json"
+    if isinstance(exc, MissingKey):
+        return "missing-id"
+    if isinstance(exc, ValidationError):
+        errors = exc.errors()
+        fields = []
+        for err in errors:
+            loc = tuple(err["loc"])
+            fields.append((err["type"], loc[1:] if loc[:1] and loc[0] in _CONTROL_TYPES else loc))
+        if any(loc == ("v",) for _, loc in fields):
+            return "schema-version"
+        if any(kind == "missing" and loc in _ID_FIELDS for kind, loc in fields):
+            return "missing-id"
+    return "invalid-event"

@@ -6,7 +6,14 @@ stderr and exit code 2, so no traceback ever reaches a user for bad input.
 
 from __future__ import annotations
 
-__all__ = ["InputError", "InvalidRow", "LineError", "ProfileError", "RewardstreamError"]
+__all__ = [
+    "InputError",
+    "InvalidRow",
+    "LineError",
+    "MissingKey",
+    "ProfileError",
+    "RewardstreamError",
+]
 
 
 class RewardstreamError(Exception):
@@ -19,6 +26,11 @@ class InputError(RewardstreamError):
 
 class InvalidRow(InputError):
     """A parsed row is unusable; raised by the pure core, which does not know where it came from."""
+
+
+class MissingKey(InvalidRow):
+    """A row or result without ``_ng_task_index`` or ``_ng_rollout_index`` (the stream
+    processor files such events under their own dead-letter reason)."""
 
 
 class LineError(InputError):

@@ -40,7 +40,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -220,9 +220,29 @@ def new_cluster_id() -> str:
             return cid
 
 
-def _server_properties(workdir: Path, port: int, controller_port: int) -> str:
-    """Spec §1.4: single static voter, and RF/min-ISR 1 so groups and transactions work."""
+def _server_properties(
+    workdir: Path,
+    port: int,
+    controller_port: int,
+    extra_listeners: Mapping[str, tuple[str, int]] | None = None,
+    extra_properties: Mapping[str, str] | None = None,
+) -> str:
+    """Spec §1.4: single static voter, and RF/min-ISR 1 so groups and transactions work.
+
+    ``extra_listeners`` (name -> (security protocol, port)) are added next to PLAINTEXT, which
+    stays the inter-broker listener; ``extra_properties`` are appended (e.g. a listener's JAAS
+    config), so secured listeners can be tested against the same real broker.
+    """
+    extra_listeners = extra_listeners or {}
     listeners = f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}"
+    listeners += "".join(f",{n}://{HOST}:{p}" for n, (_, p) in extra_listeners.items())
+    protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    protocols += "".join(f",{n}:{proto}" for n, (proto, _) in extra_listeners.items())
+    extra = ""
+    for key, value in (extra_properties or {}).items():
+        if "\n" in key + value or "\r" in key + value or "=" in key:
+            raise ValueError(f"server property {key!r}: no line breaks, no '=' in the key")
+        extra += f"{key}={value}\n"
     return f"""\
 process.roles=broker,controller
 node.id=1
@@ -231,7 +251,7 @@ controller.listener.names=CONTROLLER
 listeners={listeners}
 advertised.listeners={listeners}
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map={protocols}
 log.dirs={workdir / "data"}
 num.partitions=1
 default.replication.factor=1
@@ -249,7 +269,7 @@ num.recovery.threads.per.data.dir=1
 log.cleaner.dedupe.buffer.size=33554432
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
-"""
+{extra}"""
 
 
 async def _port_open(host: str, port: int) -> bool:
@@ -386,6 +406,9 @@ class LocalBroker:
 
     ``port``/``controller_port`` default to free ports (re-picked once if the bind races).
     ``startup_seconds`` is measured from :meth:`start` (incl. storage format) to readiness.
+    ``extra_listeners`` (name -> security protocol, e.g. ``{"SASL": "SASL_PLAINTEXT"}``) each
+    get a free loopback port (:meth:`address`); ``extra_properties`` are added to
+    server.properties (e.g. ``listener.name.sasl.plain.sasl.jaas.config``).
     """
 
     port: int | None = None
@@ -393,6 +416,9 @@ class LocalBroker:
     libs: Path | None = None
     ready_timeout: float = READY_TIMEOUT_S
     jvm_args: Sequence[str] = ()
+    extra_listeners: Mapping[str, str] = field(default_factory=dict)
+    extra_properties: Mapping[str, str] = field(default_factory=dict, repr=False)
+    listener_ports: dict[str, int] = field(default_factory=dict, init=False)
     workdir: Path | None = field(default=None, init=False)
     cluster_id: str | None = field(default=None, init=False)
     pid: int | None = field(default=None, init=False)
@@ -406,6 +432,12 @@ class LocalBroker:
         if self.port is None:
             raise KafkaLocalError("broker not started")
         return f"{HOST}:{self.port}"
+
+    def address(self, listener: str) -> str:
+        """``127.0.0.1:<port>`` of one of the ``extra_listeners``."""
+        if listener not in self.listener_ports:
+            raise KafkaLocalError(f"no started listener {listener!r}")
+        return f"{HOST}:{self.listener_ports[listener]}"
 
     @property
     def running(self) -> bool:
@@ -426,6 +458,10 @@ class LocalBroker:
         for attempt in (1, 2):
             self.port = fixed[0] or free_port()
             self.controller_port = fixed[1] or free_port({self.port})
+            taken = {self.port, self.controller_port}
+            for name in self.extra_listeners:
+                taken.add(port := free_port(taken))
+                self.listener_ports[name] = port
             try:
                 self._launch(java, libs)
                 break
@@ -447,7 +483,12 @@ class LocalBroker:
         self.workdir = workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         (workdir / "data").mkdir()
         props = workdir / "server.properties"
-        props.write_text(_server_properties(workdir, self.port, self.controller_port))
+        extra = {n: (p, self.listener_ports[n]) for n, p in self.extra_listeners.items()}
+        props.write_text(
+            _server_properties(
+                workdir, self.port, self.controller_port, extra, self.extra_properties
+            )
+        )
         log4j = workdir / "log4j2.properties"
         log4j.write_text(LOG4J2_PROPERTIES)
         classpath = f"{libs}/*"
@@ -472,7 +513,14 @@ class LocalBroker:
                 )
             raise KafkaLocalError(f"StorageTool format failed:\n{_tail(out)}{hint}")
         log.info("starting Kafka %s on %s (workdir %s)", KAFKA_VERSION, self.bootstrap, workdir)
-        with open(workdir / "kafka.out", "wb") as out_file:
+        self._spawn(java, libs)
+
+    def _spawn(self, java: str, libs: Path, append: bool = False) -> None:
+        """Launch the JVM on the formatted workdir and block until it answers."""
+        assert self.workdir is not None
+        workdir, props = self.workdir, self.workdir / "server.properties"
+        common = [f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}", "-cp", f"{libs}/*"]
+        with open(workdir / "kafka.out", "ab" if append else "wb") as out_file:
             jvm = [java, *BROKER_JVM_ARGS, *self.jvm_args, *common, f"-Dkafka.logs.dir={workdir}"]
             self._proc = subprocess.Popen(
                 [*jvm, "kafka.Kafka", str(props)],
@@ -517,6 +565,26 @@ class LocalBroker:
             if proc.poll() is None:
                 proc.wait()
         _remove_workdir(self.workdir)
+
+    def restart(self, *, kill: bool = False, pause: float = 0.0) -> None:
+        """Stop the JVM (SIGTERM, or SIGKILL of its group with ``kill``), wait ``pause`` seconds,
+        and start it again on the same data dir, ports and cluster id, until ready.
+
+        Why: fault trials (``bench/chaos.py``) check that producers and processors ride through
+        a broker restart, which needs the same address and the logs kept.
+        """
+        proc, self._proc = self._proc, None
+        if proc is None or self.workdir is None:
+            raise KafkaLocalError("broker not started")
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # unreaped leader: the group id is ours
+        else:
+            _terminate(proc.pid, proc.pid, lambda: proc.poll() is None, STOP_TIMEOUT_S)
+        proc.wait()
+        time.sleep(pause)
+        java = _require("java", "install a JDK >= 17 (Kafka 4.x brokers need it)")
+        self._spawn(java, self.libs or fetch_jars(), append=True)
 
     def state(self) -> BrokerState:
         """Snapshot for the state file of a detached broker."""

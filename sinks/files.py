@@ -10,20 +10,20 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 import orjson
 
-from processors.profile import Profile
+from processors.profile import Profile, TaskRow
 from rewardstream.errors import InputError
 
 __all__ = [
     "InputsFile",
     "ProfilePaths",
-    "render_files",
     "summary_lines",
+    "task_lines",
     "write_files",
     "write_profile",
 ]
@@ -78,23 +78,21 @@ class InputsFile:
         self.close()
 
 
-def _task_lines(profile: Profile, sample: Callable[[int], bytes]) -> Iterable[bytes]:
-    for row in profile.task_rows:
-        yield profile.render(row, sample(row.sample_locator))
-
-
-def render_files(profile: Profile, sample: Callable[[int], bytes]) -> list[Iterable[bytes]]:
-    """The byte chunks of the three files, in :class:`ProfilePaths` order (task rows lazily)."""
-    return [
-        _task_lines(profile, sample),
-        [orjson.dumps(profile.agent_metrics)],
-        [orjson.dumps(profile.repeat_metrics)],
-    ]
+def task_lines(rows: Iterable[TaskRow], sample: Callable[[int], bytes]) -> Iterator[bytes]:
+    """The ``_reward_profiling.jsonl`` lines of ``rows``, each with its sample read back."""
+    for row in rows:
+        yield row.render(sample(row.sample_locator))
 
 
 def write_profile(profile: Profile, paths: ProfilePaths, sample: Callable[[int], bytes]) -> None:
     """Write the three profile files; all or nothing."""
-    write_files(list(zip(paths, render_files(profile, sample), strict=True)))
+    write_files(
+        [
+            (paths.reward_profiling, task_lines(profile.task_rows, sample)),
+            (paths.agent_metrics, [orjson.dumps(profile.agent_metrics)]),
+            (paths.repeat_level_metrics, [orjson.dumps(profile.repeat_metrics)]),
+        ]
+    )
 
 
 def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:

@@ -24,6 +24,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from rewardstream.contract import REJECT_REASONS
+
 if TYPE_CHECKING:
     from processors.runs import Run
 
@@ -110,10 +112,13 @@ class Metrics:
         )
         self.rejected = Counter(
             "rewardstream_events_rejected",
-            "events that could not be used",
-            ["kind"],
+            "events that could not be used (dead letters), by kind and reason category",
+            ["kind", "reason"],
             registry=self.registry,
         )
+        for kind in ("input", "rollout", "control"):  # every series exists from the start
+            for reason in REJECT_REASONS:
+                self.rejected.labels(kind, reason)
         self._buckets = np.zeros(len(_LATENCY_BUCKETS) + 1, dtype=np.int64)  # last: +Inf
         self._latency_sum = 0.0
         self._consumed: dict[str, int] = {}  # rollouts by agent, folded

@@ -7,8 +7,10 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
+from bench.generate import generate
 from processors.pipeline import EventKind
 from producers.events import input_events, rollout_events
+from rewardstream.cli import ng_reward_profile
 from rewardstream.contract import RunFinished, RunStarted, encode
 
 GOLDEN = Path(
@@ -79,3 +81,44 @@ def golden_events(case: GoldenCase, run_id: str, finish: bool) -> list[tuple[Eve
     """A golden case as wire events (see :func:`file_events`)."""
     inputs = case.source / f"{case.stem}_materialized_inputs.jsonl"
     return file_events(inputs, case.source / f"{case.stem}.jsonl", run_id, case.stem, finish)
+
+
+def generated_collection(
+    folder: Path, tasks: int, repeats: int, seed: int, text_bytes: int = 100
+) -> tuple[Path, Path]:
+    """A generated collection (``folder/r*.jsonl``, three agents) and its batch profile next to
+    it, the reference the stream's files are compared with."""
+    generate(tasks=tasks, repeats=repeats, out=folder / "r", text_bytes=text_bytes, seed=seed)
+    inputs, rollouts = folder / "r_materialized_inputs.jsonl", folder / "r.jsonl"
+    argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
+    assert ng_reward_profile([*argv, "+quiet=true"]) == 0
+    return inputs, rollouts
+
+
+def assert_batch_files(folder: Path, data: Path, stem: str = "r") -> None:
+    """The three profile files in ``folder`` equal those in ``data``, byte for byte."""
+    for suffix in OUTPUT_SUFFIXES:
+        name = f"{stem}{suffix}"
+        assert (folder / name).read_bytes() == (data / name).read_bytes(), name
+
+
+def partial_batch_profile(inputs: Path, rollout_lines: list[bytes], out: Path, stem: str) -> None:
+    """``ng_reward_profile ++allow_partial_rollouts=True`` on ``rollout_lines`` (a consumed
+    prefix), in a new folder ``out``: what a snapshot of those rollouts must equal."""
+    out.mkdir()
+    shutil.copy(inputs, out / f"{stem}_materialized_inputs.jsonl")
+    (out / f"{stem}.jsonl").write_bytes(b"".join(rollout_lines))
+    argv = [
+        f"+materialized_inputs_jsonl_fpath={out / f'{stem}_materialized_inputs.jsonl'}",
+        f"+rollouts_jsonl_fpath={out / f'{stem}.jsonl'}",
+        "++allow_partial_rollouts=True",
+        "+quiet=true",
+    ]
+    assert ng_reward_profile(argv) == 0
+
+
+def profiled_cases() -> list[GoldenCase]:
+    """The golden cases that profile (no expected error), none when the goldens are absent."""
+    if not GOLDEN.exists():
+        return []
+    return [c for c in golden_cases() if not (c.expected / "error.txt").exists()]

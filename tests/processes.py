@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import orjson
@@ -64,7 +64,15 @@ Runs = dict[str, dict[str, object]]
 class Processor:
     """``rewardstream stream`` as a real child process, with its HTTP endpoint."""
 
-    def __init__(self, bootstrap: str, prefix: str, out: Path, log: Path) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        prefix: str,
+        out: Path,
+        log: Path,
+        checkpoint_every: float = 0.2,
+        extra: Sequence[str] = (),
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
@@ -81,17 +89,29 @@ class Processor:
             "--http",
             f"127.0.0.1:{self.port}",
             "--checkpoint-every",
-            "0.2",
+            str(checkpoint_every),
+            *extra,
         ]
         with log.open("ab") as err:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
 
-    def runs(self) -> Runs:
+    def _get(self, path: str) -> object:
+        """A JSON answer of the endpoint, or None while it is not serving (starting, killed)."""
         try:
-            with urllib.request.urlopen(f"{self.url}/runs", timeout=2) as r:
-                return {x["run_id"]: x for x in orjson.loads(r.read())}
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=2) as r:
+                return orjson.loads(r.read())
         except OSError:
-            return {}
+            return None
+
+    def runs(self) -> Runs:
+        body = self._get("/runs")
+        return {x["run_id"]: x for x in body} if isinstance(body, list) else {}
+
+    def units(self) -> dict[str, int]:
+        """The units (partitions) it owns and their positions, from ``/healthz``; {} while
+        starting or before its first assignment."""
+        body = self._get("/healthz")
+        return dict(body.get("units") or {}) if isinstance(body, dict) else {}
 
     def wait(self, done: Callable[[Runs], bool], timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout

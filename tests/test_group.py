@@ -5,7 +5,6 @@ and brought back loses and double-counts nothing."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
 import urllib.request
 from collections.abc import Callable
@@ -15,10 +14,14 @@ from typing import NamedTuple, cast
 import orjson
 import pytest
 
-from bench.generate import generate
-from rewardstream.cli import main, ng_reward_profile
+from rewardstream.cli import main
 from rewardstream.contract import Topics
-from tests.golden import OUTPUT_SUFFIXES, file_events
+from tests.golden import (
+    assert_batch_files,
+    file_events,
+    generated_collection,
+    partial_batch_profile,
+)
 from tests.processes import Processor, Runs, make_topics, send_events
 
 pytestmark = pytest.mark.kafka
@@ -35,21 +38,6 @@ def _health(p: Processor) -> dict[str, object]:
         return {}
     assert isinstance(body, dict)
     return body
-
-
-def _collection(tmp_path: Path, tasks: int, repeats: int) -> tuple[Path, Path]:
-    """A generated collection (three agents) and its batch profile next to it."""
-    data = tmp_path / "data"
-    generate(tasks=tasks, repeats=repeats, out=data / "r", text_bytes=100, seed=5)
-    inputs, rollouts = data / "r_materialized_inputs.jsonl", data / "r.jsonl"
-    argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
-    assert ng_reward_profile([*argv, "+quiet=true"]) == 0
-    return inputs, rollouts
-
-
-def _assert_batch_files(folder: Path, data: Path) -> None:
-    for suffix in OUTPUT_SUFFIXES:
-        assert (folder / f"r{suffix}").read_bytes() == (data / f"r{suffix}").read_bytes(), suffix
 
 
 def _done(run_id: str) -> Callable[[Runs], bool]:
@@ -94,7 +82,9 @@ def start_group(
 def test_two_processors_split_partitions_and_write_the_batch_profile(
     kafka_bootstrap: str, tmp_path: Path, start_group: Callable[[], Group]
 ) -> None:
-    inputs, rollouts = _collection(tmp_path, tasks=5000, repeats=4)  # 20,000 rollouts
+    inputs, rollouts = generated_collection(
+        tmp_path / "data", tasks=5000, repeats=4, seed=5
+    )  # 20,000 rollouts
     prefix, _, group, out, log = start_group()
     assert sorted(bool(_health(p)["leader"]) for p in group) == [False, True]
 
@@ -103,7 +93,7 @@ def test_two_processors_split_partitions_and_write_the_batch_profile(
     assert main([*argv, "--quiet"]) == 0
     for p in group:  # the non-leader learns it from the final mark
         p.wait(_done("run"))
-    _assert_batch_files(out / "run", inputs.parent)
+    assert_batch_files(out / "run", inputs.parent)
 
     # republishing the same files changes nothing: every event is a counted duplicate
     assert main([*argv, "--quiet"]) == 0
@@ -112,14 +102,14 @@ def test_two_processors_split_partitions_and_write_the_batch_profile(
         return sum(cast(int, p.runs()["run"]["duplicates"]) for p in group) == 40_000
 
     group[0].wait(duplicates)
-    _assert_batch_files(out / "run", inputs.parent)
+    assert_batch_files(out / "run", inputs.parent)
 
     # any member's snapshot merges both members' parts: here, the whole run
     follower = next(p for p in group if not _health(p)["leader"])
     snap = tmp_path / "snap"
     argv = ["snapshot", "--url", follower.url, "--run-id", "run", "--out", str(snap)]
     assert main(argv) == 0
-    _assert_batch_files(snap, inputs.parent)
+    assert_batch_files(snap, inputs.parent)
     for p in group:
         p.kill(signal.SIGTERM)
         assert p.proc.returncode == 0, log.read_text()[-2000:]
@@ -131,7 +121,7 @@ def test_member_killed_and_brought_back_counts_every_rollout_once(
     processors: list[Processor],
     start_group: Callable[[], Group],
 ) -> None:
-    inputs, rollouts = _collection(tmp_path, tasks=500, repeats=4)
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=500, repeats=4, seed=5)
     events = file_events(inputs, rollouts, "run", "r", finish=False)
     n_in = sum(1 for k, _ in events if k == "input")
     thirds = [n_in + i * (len(events) - n_in - 1) // 3 for i in (1, 2)]  # RunStarted is last
@@ -145,7 +135,7 @@ def test_member_killed_and_brought_back_counts_every_rollout_once(
     send_events(kafka_bootstrap, topics, events[thirds[1] :], "run")
     for p in (group[0], back):
         p.wait(_done("run"))
-    _assert_batch_files(out / "run", inputs.parent)
+    assert_batch_files(out / "run", inputs.parent)
     runs = {**group[0].runs()["run"]}
     assert runs["rollouts"] == runs["expected_rollouts"] == 2000
 
@@ -153,7 +143,7 @@ def test_member_killed_and_brought_back_counts_every_rollout_once(
 def test_snapshot_mid_run_merges_the_members_parts(
     kafka_bootstrap: str, tmp_path: Path, start_group: Callable[[], Group]
 ) -> None:
-    inputs, rollouts = _collection(tmp_path, tasks=300, repeats=2)
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=300, repeats=2, seed=5)
     events = file_events(inputs, rollouts, "run", "r", finish=False)
     n_in = sum(1 for k, _ in events if k == "input")
     consumed = 250
@@ -165,12 +155,6 @@ def test_snapshot_mid_run_merges_the_members_parts(
 
     snap = tmp_path / "snap"
     assert main(["snapshot", "--url", group[1].url, "--run-id", "run", "--out", str(snap)]) == 0
-    batch = tmp_path / "batch"
-    batch.mkdir()
-    shutil.copy(inputs, batch / inputs.name)
     lines = rollouts.read_bytes().splitlines(keepends=True)[:consumed]
-    (batch / "r.jsonl").write_bytes(b"".join(lines))
-    argv = [f"+materialized_inputs_jsonl_fpath={batch / inputs.name}"]
-    argv += [f"+rollouts_jsonl_fpath={batch / 'r.jsonl'}", "++allow_partial_rollouts=True"]
-    assert ng_reward_profile([*argv, "+quiet=true"]) == 0
-    _assert_batch_files(snap, batch)
+    partial_batch_profile(inputs, lines, tmp_path / "batch", "r")
+    assert_batch_files(snap, tmp_path / "batch")

@@ -63,7 +63,8 @@ def test_counters_and_live_reward_stats(tmp_path: Path) -> None:
         )
         assert consumed == len(rows)
         assert got[("rewardstream_duplicates_dropped_total", (("kind", "input"),))] == 2
-        assert got[("rewardstream_events_rejected_total", (("kind", "rollout"),))] == 1
+        rejected = (("kind", "rollout"), ("reason", "not-json"))
+        assert got[("rewardstream_events_rejected_total", rejected)] == 1
         assert got[("rewardstream_run_completion_ratio", (("run_id", "m"),))] == 1.0
         by_agent: dict[str, list[float]] = {}
         for r in rows:

@@ -5,16 +5,23 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import orjson
 import pytest
 
-from processors.pipeline import Pipeline, Rejected, Snapshot
-from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
-
-CASES = (
-    [c for c in golden_cases() if not (c.expected / "error.txt").exists()]
-    if GOLDEN.exists()
-    else []
+from bench.generate import generate
+from processors.checkpoint import CheckpointStore
+from processors.pipeline import EventKind, Pipeline, Rejected
+from processors.snapshot import SnapshotJob, receive
+from producers.events import rollout_event
+from tests.golden import (
+    OUTPUT_SUFFIXES,
+    GoldenCase,
+    file_events,
+    golden_events,
+    profiled_cases,
 )
+
+CASES = profiled_cases()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -43,13 +50,97 @@ def test_bad_events_are_rejected_with_reason(tmp_path: Path) -> None:
         assert pipeline.handle("input", b'{"run_id":"r","line":0,"row":{}}') is None
         assert pipeline.handle("control", b'{"type":"run_started","run_id":"r"}') is None
     assert [r.kind for r in rejected] == ["rollout", "input", "control"]
-    assert "_ng_task_index" in rejected[1].reason
+    assert [r.reason for r in rejected] == ["not-json", "missing-id", "invalid-event"]
+    assert "_ng_task_index" in rejected[1].detail
     assert rejected[0].raw == b"not json"
 
 
-def test_snapshot_wire_form_round_trips_and_rejects_other_bodies() -> None:
-    snap = Snapshot("r", 3, 4, {"rollout-0": 9}, {"a.jsonl": b'{"x":1}\n', "b.json": b"[]"})
-    assert Snapshot.from_bytes(snap.to_bytes()) == snap
-    for body in (b'{"status":"ok"}', snap.to_bytes() + b"x", b"<html>"):
-        with pytest.raises((ValueError, TypeError, KeyError)):
-            Snapshot.from_bytes(body)
+def _collection(tmp_path: Path) -> list[tuple[EventKind, bytes]]:
+    """A small generated collection (three agents) as wire events, RunStarted last."""
+    data = tmp_path / "data"
+    generate(tasks=40, repeats=3, out=data / "r", text_bytes=50, seed=1)
+    return file_events(data / "r_materialized_inputs.jsonl", data / "r.jsonl", "run", "r", False)
+
+
+def _restarted(out: Path, store: CheckpointStore, names: list[str]) -> Pipeline:
+    """A new pipeline owning the named units, as checkpointed."""
+    pipeline = Pipeline(out)
+    for name in names:
+        unit = store.load(name)
+        assert unit is not None
+        pipeline.adopt(unit)
+    return pipeline
+
+
+def _feed(pipeline: Pipeline, events: list[tuple[EventKind, bytes]]) -> None:
+    """Apply ``events`` through two units per topic (by task parity), as two partitions."""
+    for kind, raw in events:
+        event = orjson.loads(raw)
+        task = event.get("task", event.get("row", {}).get("_ng_task_index"))
+        unit = None if kind == "control" else f"{kind}-{task % 2}"
+        run = pipeline.handle(kind, raw, unit)
+        assert run is not None
+        pipeline.maybe_finish(run)
+
+
+def test_a_done_run_keeps_its_counts_only_and_later_events_change_nothing(tmp_path: Path) -> None:
+    events, out = _collection(tmp_path), tmp_path / "out"
+    with Pipeline(out) as pipeline:
+        _feed(pipeline, events[:-1])
+        run = pipeline.runs["run"]
+        live, tasks = run.live(), run.tasks_complete()
+        _feed(pipeline, events[-1:])  # RunStarted: complete, so written and evicted
+        assert run.done and all(p.final is not None for p in run.parts.values())
+        assert all(u.dirty for u in pipeline.units.values())  # so checkpoints drop it too
+        assert [p.name for p in (out / "run" / ".state").iterdir()] == ["final"]  # spills gone
+        assert (run.rollouts, run.inputs, tasks) == (120, 120, 40)
+        assert (run.live(), run.tasks_complete()) == (live, tasks)  # metrics keep their values
+        paths = pipeline.final_paths("run")
+        assert paths is not None and paths == pipeline.paths(run)
+        written = [p.read_bytes() for p in paths]
+        job = SnapshotJob(pipeline, "run")  # a done run's snapshot: its final files
+        with open(job.fd, "rb") as fh:
+            head = receive(fh, tmp_path / "snap", "test")
+        assert job.wait() == 0 and (head.rollouts, head.inputs) == (120, 120)
+        assert [(tmp_path / "snap" / p.name).read_bytes() for p in paths] == written
+        late = rollout_event(
+            {"reward": 1.0, "_ng_task_index": 500, "_ng_rollout_index": 0}, "run", Path("x"), 1
+        )
+        _feed(pipeline, [*events, ("rollout", late.value)])  # republished, and one never seen
+        assert (run.rollouts, run.inputs, run.duplicates) == (120, 120, 241)
+        assert [p.read_bytes() for p in paths] == written
+
+
+def test_a_restart_from_checkpoints_knows_the_run_is_done(tmp_path: Path) -> None:
+    events, out = _collection(tmp_path), tmp_path / "out"
+    store = CheckpointStore(out / ".checkpoint")
+    with Pipeline(out) as first:
+        _feed(first, events[:-1])
+        names = sorted(first.units)
+        for unit in first.units.values():  # checkpointed before the final profile
+            store.save(unit)
+        _feed(first, events[-1:])
+    with _restarted(out, store, names) as second:  # the checkpoints hold the state: dropped
+        run = second.runs["run"]
+        assert run.done and all(p.final is not None for p in run.parts.values())
+        assert [p.name for p in (out / "run" / ".state").iterdir()] == ["final"]
+        for unit in second.units.values():
+            store.save(unit)
+    (out / "run" / ".state" / "final").unlink()  # the checkpoints alone still know
+    with _restarted(out, store, names) as third:
+        run = third.runs["run"]
+        _feed(third, events)
+        assert (run.done, run.rollouts, run.inputs, run.duplicates) == (True, 120, 120, 240)
+
+
+def test_a_finished_run_waits_while_its_end_offsets_are_unknown(tmp_path: Path) -> None:
+    """A processor that reads ``run_finished`` before it knows the data partitions (just after
+    a restart) must not write a partial final profile from what it holds so far."""
+    with Pipeline(tmp_path) as pipeline:
+        run = pipeline.run("r")
+        run.finished, run.finish_at = True, None
+        assert not pipeline.ready(run)
+        run.finish_at = {"rollout-0": 5}
+        assert not pipeline.ready(run)
+        run.finish_at = {}
+        assert pipeline.ready(run)

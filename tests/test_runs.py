@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ def test_rollout_infos_moved_to_the_spill_come_back_in_the_profile(
         held.state.add_result(_result(task, rollout))
         spilled.add_rollout(_rollout(task, rollout))
     assert spilled.state.info_taken > 0
-    whole, parted = merge_parts([inputs, held]), merge_parts([inputs, spilled.copy()])
+    whole, parted = merge_parts([inputs, held]), merge_parts([inputs, spilled])
     assert bytes(parted.state.info_pool) == bytes(whole.state.info_pool)
     assert parted.state.info_end == whole.state.info_end
 
@@ -70,3 +71,34 @@ def test_a_rejected_row_leaves_its_key_free_for_a_good_copy(tmp_path: Path) -> N
     assert part.add_input(Input("r", 0, {"q": 1, **key}))
     assert (part.inputs, part.duplicates) == (1, 0)
     assert merge_parts([part]).sample(0) == b'{"q":1}'
+
+
+def test_a_retired_part_keeps_its_counts_and_drops_its_state_and_spill(tmp_path: Path) -> None:
+    inputs, rollouts = Part(tmp_path / "in.spill"), Part(tmp_path / "out.spill")
+    for task in range(3):
+        row = {"q": task, "_ng_task_index": task, "_ng_rollout_index": 0}
+        assert inputs.add_input(Input("r", task, row))
+        assert rollouts.add_rollout(_rollout(task, 0)._replace(agent="a"))
+    live = rollouts.live()["a"].columns["reward"]
+    assert (tmp_path / "in.spill").exists()
+    inputs.retire(tasks=0)
+    rollouts.retire(tasks=3)
+    assert (inputs.inputs, rollouts.rollouts, rollouts.final and rollouts.final.tasks) == (3, 3, 3)
+    assert not (tmp_path / "in.spill").exists() and inputs.spill is None
+    assert inputs.state.num_inputs == rollouts.state.num_results == 0
+    assert rollouts.live()["a"].columns["reward"] == live
+    # seen or never seen: a done run's events change nothing and count as duplicates
+    assert not rollouts.add_rollout(_rollout(0, 0))
+    assert not rollouts.add_rollout(_rollout(99, 7))
+    assert not inputs.add_input(
+        Input("r", 9, {"q": 1, "_ng_task_index": 99, "_ng_rollout_index": 7})
+    )
+    assert (inputs.inputs, inputs.duplicates, rollouts.rollouts, rollouts.duplicates) == (
+        3,
+        1,
+        3,
+        2,
+    )
+    back = pickle.loads(pickle.dumps(rollouts))  # a checkpoint keeps the tombstone
+    assert (back.final, back.rollouts) == (rollouts.final, 3)
+    assert not back.add_rollout(_rollout(100, 0))

@@ -69,7 +69,7 @@ def render(profile: Profile, rows: Rows) -> tuple[bytes, ...]:
             {k: v for k, v in rows[i].items() if k not in ("_ng_task_index", "_ng_rollout_index")}
         )
 
-    lines = b"".join(profile.render(row, sample(row.sample_locator)) for row in profile.task_rows)
+    lines = b"".join(row.render(sample(row.sample_locator)) for row in profile.task_rows)
     return lines, orjson.dumps(profile.agent_metrics), orjson.dumps(profile.repeat_metrics)
 
 

@@ -170,6 +170,9 @@ async def test_poison_events_go_to_dead_letters_and_processing_continues(
     headers = [dict(r.headers) for r in records]
     assert all(h["kind"] == b"rollout" for h in headers)
     assert headers[0]["source"].startswith(f"{topics.rollouts}:0:".encode())
-    assert b"task" in headers[1]["reason"]  # names the missing field
+    assert [h["reason"] for h in headers] == [b"not-json", b"schema-version"]
+    assert b"task" in headers[1]["detail"]  # names the missing field
     registry = running.processor.metrics.registry
-    assert registry.get_sample_value("rewardstream_events_rejected_total", {"kind": "rollout"}) == 2
+    for reason in ("not-json", "schema-version"):
+        labels = {"kind": "rollout", "reason": reason}
+        assert registry.get_sample_value("rewardstream_events_rejected_total", labels) == 1
