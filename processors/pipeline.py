@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from processors.checkpoint import CheckpointStore, Manifest
 from processors.profile import build_profile
-from processors.runs import Merged, Part, Run, Unit, merge_parts
+from processors.runs import Counts, Merged, Part, Run, Unit, merge_parts
 from processors.state import row_key, row_names
 from rewardstream.contract import (
     RejectReason,
@@ -111,7 +111,16 @@ class Pipeline:
         if run is None:
             run = self.runs[run_id] = Run(run_id)
             run.done = self._final_mark(run_id).exists()
+            run.foreign = self._foreign(run_id)  # peers' manifests may already list it
         return run
+
+    def _foreign(self, run_id: str) -> dict[str, Counts]:
+        """The run's counts in the units other processors own, as last checkpointed.
+
+        Kept per run and renewed on every refresh: a run first seen after the last refresh
+        must still know its peers' parts, or it could finish (its peers' positions say their
+        data is consumed) without merging them."""
+        return {n: m.runs[run_id] for n, m in self.peer_units.items() if run_id in m.runs}
 
     def _final_mark(self, run_id: str) -> Path:
         """Present once the run's final profile is written (by whichever processor)."""
@@ -157,11 +166,7 @@ class Pipeline:
             return
         self.peer_units.update(self.peers.manifests(self.peer_units))
         for run in self.runs.values():
-            run.foreign = {
-                name: m.runs[run.run_id]
-                for name, m in self.peer_units.items()
-                if run.run_id in m.runs
-            }
+            run.foreign = self._foreign(run.run_id)
             if not run.done:
                 run.done = self._final_mark(run.run_id).exists()
                 self.evict(run)

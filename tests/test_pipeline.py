@@ -13,6 +13,7 @@ from processors.checkpoint import CheckpointStore
 from processors.pipeline import EventKind, Pipeline, Rejected
 from processors.snapshot import SnapshotJob, receive
 from producers.events import rollout_event
+from rewardstream.contract import RunFinished, encode
 from tests.golden import (
     OUTPUT_SUFFIXES,
     GoldenCase,
@@ -75,9 +76,7 @@ def _restarted(out: Path, store: CheckpointStore, names: list[str]) -> Pipeline:
 def _feed(pipeline: Pipeline, events: list[tuple[EventKind, bytes]]) -> None:
     """Apply ``events`` through two units per topic (by task parity), as two partitions."""
     for kind, raw in events:
-        event = orjson.loads(raw)
-        task = event.get("task", event.get("row", {}).get("_ng_task_index"))
-        unit = None if kind == "control" else f"{kind}-{task % 2}"
+        unit = None if kind == "control" else f"{kind}-{_task(raw) % 2}"
         run = pipeline.handle(kind, raw, unit)
         assert run is not None
         pipeline.maybe_finish(run)
@@ -144,3 +143,28 @@ def test_a_finished_run_waits_while_its_end_offsets_are_unknown(tmp_path: Path) 
         assert not pipeline.ready(run)
         run.finish_at = {}
         assert pipeline.ready(run)
+
+
+def test_a_run_first_seen_after_the_peers_were_read_still_merges_their_parts(
+    tmp_path: Path,
+) -> None:
+    """A restarted leader may meet a run only after it read its peers' manifests; the run must
+    still count the peers' parts, or ``run_finished`` would end it without them."""
+    events, out = _collection(tmp_path), tmp_path / "out"
+    data, control = events[:-1], [*events[-1:], ("control", encode(RunFinished(run_id="run")))]
+    store = CheckpointStore(out / ".checkpoint")
+    with Pipeline(out) as peer:  # consumed every partition; the odd ones are the peer's share
+        _feed(peer, data)
+        for name in ("input-1", "rollout-1"):
+            assert store.save(peer.units[name])
+    with Pipeline(out, peers=store) as leader:
+        leader.set_peer_units({"input-1", "rollout-1"})  # read before the run is known
+        _feed(leader, [e for e in data if _task(e[1]) % 2 == 0] + control)
+        assert leader.runs["run"].done
+    lines = (out / "run" / "r_reward_profiling.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["num_rollouts"] for line in lines] == [3] * 40
+
+
+def _task(raw: bytes) -> int:
+    event = orjson.loads(raw)
+    return int(event.get("task", event.get("row", {}).get("_ng_task_index")))
