@@ -14,8 +14,9 @@ import ctypes
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
+import orjson
 from pydantic import ValidationError
 
 from processors.checkpoint import CheckpointStore, Manifest
@@ -110,7 +111,7 @@ class Pipeline:
         run = self.runs.get(run_id)
         if run is None:
             run = self.runs[run_id] = Run(run_id)
-            run.done = self._final_mark(run_id).exists()
+            self._read_mark(run)
             run.foreign = self._foreign(run_id)  # peers' manifests may already list it
         return run
 
@@ -123,8 +124,24 @@ class Pipeline:
         return {n: m.runs[run_id] for n, m in self.peer_units.items() if run_id in m.runs}
 
     def _final_mark(self, run_id: str) -> Path:
-        """Present once the run's final profile is written (by whichever processor)."""
+        """Present once the run's final profile is written (by whichever processor): its file
+        name and the counts it was written with (JSON)."""
         return self.output_dir / run_id / ".state" / "final"
+
+    def _mark(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            mark: dict[str, Any] = orjson.loads(self._final_mark(run_id).read_bytes())
+        except FileNotFoundError:
+            return None
+        return mark
+
+    def _read_mark(self, run: Run) -> None:
+        """A final mark makes the run done, with the counts its profile was written with: a
+        processor that restarts from a checkpoint older than the final profile re-reads events
+        the profile holds, and must not report the run as short of them."""
+        mark = self._mark(run.run_id)
+        if mark is not None:
+            run.done, run.written = True, Counts(mark["inputs"], mark["rollouts"])
 
     def unit(self, name: str) -> Unit:
         """The owned unit ``name``, created empty if new."""
@@ -168,7 +185,7 @@ class Pipeline:
         for run in self.runs.values():
             run.foreign = self._foreign(run.run_id)
             if not run.done:
-                run.done = self._final_mark(run.run_id).exists()
+                self._read_mark(run)
                 self.evict(run)
 
     def positions(self) -> dict[str, int]:
@@ -312,9 +329,11 @@ class Pipeline:
             run.error = str(exc)
             log.error("run %s: no final profile: %s", run.run_id, exc)
             return None
+        run.written = Counts(run.inputs, run.rollouts)
         mark = self._final_mark(run.run_id)
         mark.parent.mkdir(parents=True, exist_ok=True)
-        mark.write_text(paths.reward_profiling.name)
+        fields = {"file": paths.reward_profiling.name} | run.written._asdict()
+        mark.write_bytes(orjson.dumps(fields))
         log.info("run %s: final profile written to %s", run.run_id, paths.reward_profiling)
         self.evict(run)
         return paths
@@ -326,9 +345,8 @@ class Pipeline:
 
     def final_paths(self, run_id: str) -> ProfilePaths | None:
         """The run's final profile files (named by its final mark), None until written."""
-        try:
-            name = self._final_mark(run_id).read_text()
-        except FileNotFoundError:
+        mark = self._mark(run_id)
+        if mark is None:
             return None
-        stem = name.removesuffix("_reward_profiling.jsonl")
+        stem = str(mark["file"]).removesuffix("_reward_profiling.jsonl")
         return ProfilePaths.next_to(self.output_dir / run_id / f"{stem}.jsonl")

@@ -281,6 +281,7 @@ class Run:
         # None while the transport does not know every partition's end yet
         self.finish_at: dict[str, int] | None = {}
         self.done = False  # the final profile was written (here or by another processor)
+        self.written: Counts | None = None  # the counts it was written with, once done
         self.error: str | None = None
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
         self.foreign: dict[str, Counts] = {}  # unit name -> counts, units other processors own
@@ -291,11 +292,16 @@ class Run:
 
     @property
     def rollouts(self) -> int:
-        """Distinct rollouts consumed, by this process and (as last checkpointed) its peers."""
+        """Distinct rollouts consumed, by this process and (as last checkpointed) its peers;
+        once the final profile is written, the rollouts it holds."""
+        if self.written is not None:
+            return self.written.rollouts
         return self.local_rollouts + sum(c.rollouts for c in self.foreign.values())
 
     @property
     def inputs(self) -> int:
+        if self.written is not None:
+            return self.written.inputs
         return sum(p.inputs for p in self.parts.values()) + sum(
             c.inputs for c in self.foreign.values()
         )

@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from bench.chaos import FAST, run_trial
+from bench.generate import generate
 from processors.checkpoint import CheckpointStore
+from processors.pipeline import Pipeline
 from processors.runs import Unit
+from tests.golden import file_events
 
 
 @pytest.mark.kafka
@@ -49,3 +52,40 @@ def test_a_zombie_never_rolls_a_checkpoint_back(tmp_path: Path) -> None:
     assert unit is not None and unit.position == 900
     owner.position = 1000  # the owner moves on as before
     assert store.save(owner)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a done run restored from a checkpoint older than its final profile keeps "
+    "that checkpoint's counts (RELIABILITY.md, kill-processor seed 15)",
+)
+def test_a_restart_from_a_checkpoint_older_than_the_final_keeps_every_count(
+    tmp_path: Path,
+) -> None:
+    """What ``kill -9`` after the final profile, before the next checkpoint, leaves: the
+    replayed events after that checkpoint must count as rollouts, not duplicates."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    generate(tasks=20, repeats=2, out=data / "r", text_bytes=50, seed=2)
+    *body, started = file_events(
+        data / "r_materialized_inputs.jsonl", data / "r.jsonl", "run", "r", finish=False
+    )
+    store, cut = CheckpointStore(out / ".checkpoint"), len(body) - 15
+    with Pipeline(out) as first:
+        for kind, raw in [started, *body[:cut]]:
+            first.handle(kind, raw)
+        for unit in first.units.values():  # the last checkpoint: 15 rollouts short
+            store.save(unit)
+        for kind, raw in body[cut:]:
+            run = first.handle(kind, raw)
+            assert run is not None
+            first.maybe_finish(run)
+        assert first.runs["run"].done  # final profile written; killed before a checkpoint
+    with Pipeline(out) as second:
+        for name in ("input-0", "rollout-0"):
+            unit = store.load(name)
+            assert unit is not None
+            second.adopt(unit)
+        for kind, raw in [started, *body[cut:]]:  # the replay after the checkpoint
+            second.handle(kind, raw)
+        run = second.runs["run"]
+        assert (run.rollouts, run.duplicates) == (40, 0)
