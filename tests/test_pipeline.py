@@ -168,22 +168,3 @@ def test_a_run_first_seen_after_the_peers_were_read_still_merges_their_parts(
 def _task(raw: bytes) -> int:
     event = orjson.loads(raw)
     return int(event.get("task", event.get("row", {}).get("_ng_task_index")))
-
-
-def test_a_restart_from_before_the_final_profile_reports_what_it_holds(tmp_path: Path) -> None:
-    """Events re-read after such a restart are in the written profile: the run reports the
-    profile's counts, not the older checkpoint's."""
-    events, out = _collection(tmp_path), tmp_path / "out"
-    store = CheckpointStore(out / ".checkpoint")
-    half = len(events) // 2
-    with Pipeline(out) as first:
-        _feed(first, events[:half])
-        saved = list(first.units)
-        for name in saved:
-            assert store.save(first.units[name])
-        _feed(first, events[half:])  # completes the run: final profile written
-        written = first.runs["run"].rollouts
-    with _restarted(out, store, saved) as second:
-        _feed(second, events[half:])  # what was consumed after the checkpoint, again
-        run = second.runs["run"]
-        assert run.done and (run.rollouts, run.inputs) == (written, written)
