@@ -71,6 +71,8 @@ class KafkaSink:
         queue = self._queue
         while (item := await queue.get()) is not None:
             topic, key, value = item
+            if topic == self._topic["control"]:  # after everything before it is in the log:
+                await sender.settle()  # run_finished marks where the log ends for the run
             await sender.send(topic, value, key)
             if queue.empty():
                 await sender.flush()

@@ -129,6 +129,9 @@ async def publish_files(
                     await publisher.follow(idle_timeout, stop or asyncio.Event())
                 else:
                     await publisher.replay(rollouts_encoder)
+                # every rollout acknowledged first: a processor that reads run_finished takes
+                # the log ends as they are then, and must find every rollout before them
+                await sender.settle()
                 finished = encode(RunFinished(run_id=run_id))
                 await sender.send(topics.control, finished, run_id.encode())
                 await sender.settle()
