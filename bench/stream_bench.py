@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaProducer
 
@@ -48,22 +49,32 @@ async def prefill(bootstrap: str, topics: Topics, events: list[WireEvent]) -> No
         await producer.stop()
 
 
+class Timing(NamedTuple):
+    """Seconds from partition assignment to ``done``, this process's CPU seconds in that time
+    (the processor's, robust to other jobs on the machine), and seconds to the final profile."""
+
+    seconds: float
+    cpu: float
+    final: float
+
+
 async def run_until(
     processor: StreamProcessor,
     done: Callable[[Run], bool],
     then: Callable[[], Awaitable[None]] | None = None,
-) -> tuple[float, float]:
+) -> Timing:
     """Run ``processor`` until ``done(run)``; with ``then``, run it and wait for the final
-    profile: seconds from assignment to ``done``, and from ``then`` to the final profile."""
+    profile."""
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
     while processor.assigned_at is None:  # timed from the end of the group join
         await asyncio.sleep(0.001)
-    first = processor.assigned_at
+    first, cpu = processor.assigned_at, time.process_time()
     runs = processor.pipeline.runs
     while not ("run" in runs and done(runs["run"])):
         await asyncio.sleep(0.002)
     consumed = written = time.monotonic()
+    cpu = time.process_time() - cpu
     if then is not None:
         await then()
         consumed = time.monotonic()
@@ -72,7 +83,7 @@ async def run_until(
         written = time.monotonic()
     stop.set()
     await task
-    return consumed - first, written - consumed
+    return Timing(consumed - first, cpu, written - consumed)
 
 
 async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
@@ -87,11 +98,11 @@ async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
     topics = Topics.for_prefix(f"bench-{uuid.uuid4().hex[:8]}")
     await prefill(bootstrap, topics, [*inputs, *rollouts, control])
     mixed = StreamProcessor(bootstrap, work / "mixed", topics, checkpoint_every=1e9)
-    seconds, _ = await run_until(mixed, lambda run: run.done)
+    seconds, cpu, _ = await run_until(mixed, lambda run: run.done)
     print(
         f"mixed: {n:,} rollouts + {len(inputs):,} inputs consumed, folded, final profile "
         f"written in {seconds:.2f} s = {n / seconds:,.0f} rollouts/s "
-        f"({(n + len(inputs)) / seconds:,.0f} events/s)"
+        f"({(n + len(inputs)) / seconds:,.0f} events/s); CPU {cpu:.2f} s"
     )
 
     # run_started comes last here, so the run cannot complete (and be written) while the
@@ -102,12 +113,13 @@ async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
     await run_until(first, lambda run: run.inputs == len(inputs))  # checkpointed on stop
     await prefill(bootstrap, topics, rollouts)
     second = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
-    seconds, final = await run_until(
+    seconds, cpu, final = await run_until(
         second, lambda run: run.local_rollouts == n, lambda: prefill(bootstrap, topics, [control])
     )
     print(
         f"rollouts: {n:,} consumed and folded in {seconds:.2f} s = {n / seconds:,.0f} "
-        f"rollouts/s; final profile written {final:.2f} s later"
+        f"rollouts/s (CPU {cpu:.2f} s = {cpu / n * 1e6:.1f} us per rollout); final profile "
+        f"written {final:.2f} s later"
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -25,11 +25,13 @@ from processors.runs import Counts, Merged, Part, Run, Unit, merge_parts
 from processors.state import row_key, row_names
 from rewardstream.contract import (
     RejectReason,
+    Rollout,
     RunFinished,
     RunStarted,
     decode_control,
     decode_input,
     decode_rollout,
+    decode_rollouts,
     reject_reason,
 )
 from rewardstream.errors import RewardstreamError
@@ -219,12 +221,7 @@ class Pipeline:
                 run_id = ev_in.run_id
             elif kind == "rollout":
                 ev_out = decode_rollout(raw)
-                part = self._part(unit or "rollout-0", ev_out.run_id)
-                if part.add_rollout(ev_out):
-                    if self.metrics:
-                        self.metrics.rollout(ev_out.agent, ev_out.published_at)
-                elif self.metrics:
-                    self.metrics.duplicates.labels(kind).inc()
+                self._fold(unit or "rollout-0", [ev_out])
                 run_id = ev_out.run_id
             else:
                 control = decode_control(raw)
@@ -241,6 +238,32 @@ class Pipeline:
             self._reject(kind, reject_reason(exc), raw, " ".join(str(exc).split())[:500])
             return None
         return self.run(run_id)
+
+    def handle_rollouts(self, raws: Sequence[bytes], unit: str) -> list[Run] | None:
+        """Apply a batch of rollout events from ``unit``, in order: the Kafka processor's hot
+        path (about half the cost per event of :meth:`handle`). Returns the runs touched, or
+        None, having applied nothing, when any event needs :meth:`handle`'s one-by-one path
+        (one that is rejected, or whose ``info`` is not written as orjson writes it)."""
+        limit = self.max_event_bytes
+        if limit is not None and max(map(len, raws), default=0) > limit:
+            return None
+        events = decode_rollouts(raws)
+        return None if events is None else self._fold(unit, events)
+
+    def _fold(self, unit: str, events: list[Rollout]) -> list[Run]:
+        """Add decoded rollouts to their runs' parts (dropping those seen before)."""
+        parts: dict[str, Part] = {}
+        metrics = self.metrics
+        for event in events:
+            part = parts.get(event.run_id)
+            if part is None:
+                part = parts[event.run_id] = self._part(unit, event.run_id)
+            if part.add_rollout(event):
+                if metrics:
+                    metrics.rollout(event.agent, event.published_at)
+            elif metrics:
+                metrics.duplicates.labels("rollout").inc()
+        return [self.run(run_id) for run_id in parts]
 
     def _announced(self, run_id: str) -> bool:
         """A run_started was seen, or the run's final profile exists (its run_started may have

@@ -116,13 +116,17 @@ class _KeySet:
         return bool(self._masks.get(task, 0) >> rollout & 1)
 
     def add(self, task: int, rollout: int) -> bool:
-        """Record the key; False when it was already there."""
-        if (task, rollout) in self:
-            return False
+        """Record the key; False when it was already there (one lookup: the hot path)."""
         if 0 <= rollout < 4096:
-            self._masks[task] = self._masks.get(task, 0) | 1 << rollout
-        else:
-            self._other.add((task, rollout))
+            mask = self._masks.get(task, 0)
+            bit = 1 << rollout
+            if mask & bit:
+                return False
+            self._masks[task] = mask | bit
+            return True
+        if (task, rollout) in self._other:
+            return False
+        self._other.add((task, rollout))
         return True
 
 

@@ -28,6 +28,7 @@ from rewardstream.contract import (
     encode,
     encode_input,
     encode_rollout,
+    rollout_of,
     task_key,
 )
 
@@ -147,6 +148,52 @@ def test_fast_rollout_decoding_accepts_exactly_what_the_model_accepts(
     assert decoded.run_id == model.run_id and decoded.task == model.task
     assert decoded.record.values == tuple(map(float, model.record.values))
     assert decoded.record.info == orjson.dumps(model.record.info)
+
+
+_RAW = orjson.dumps(_GOOD)
+
+
+def _model_path(raw: bytes) -> Rollout | None:
+    """What the model alone makes of ``raw`` (None: rejected)."""
+    try:
+        return rollout_of(RolloutEvent.model_validate(orjson.loads(raw)))
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _RAW,
+        b" " + _RAW.replace(b",", b" , ") + b"\n",  # spacing: info comes out canonical
+        _RAW.replace(b'"v":2,', b'"v":2,"v":3,'),  # duplicate keys: the last one wins
+        _RAW.replace(b'"task":7,', b'"task":7,"task":8,'),
+        _RAW.replace(b'"reward":0.5}', b'"reward":1e400}'),  # infinite, in info
+        _RAW.replace(b"0.5,12.0", b"0.5,1e400"),  # and in values
+        _RAW.replace(b'"reward":0.5}', b'"reward":NaN}'),
+        _RAW.replace(b'"reward":0.5}', b'"reward":"\xff"}'),  # invalid UTF-8, in info
+        _RAW.replace(b'"agent"', b'"\xff"'),
+        _RAW.replace(b'"reward":0.5}', b'"reward":"\\ud800"}'),  # a lone surrogate
+        _RAW.replace(b'"reward":0.5}', b'"reward":' + b"[" * 300 + b"]" * 300 + b"}"),
+        _RAW.replace(b'"reward":0.5}', b'"reward":' + b"[" * 5000 + b"]" * 5000 + b"}"),
+        _RAW.replace(b'{"reward":0.5}', b"[1]"),  # info not an object
+        _RAW.replace(b"0.5,12.0", b"1,123456789012345678901234567890"),  # ints as values
+        _RAW.replace(b'"published_at":1.5', b'"published_at":2'),
+        _RAW.replace(b'"task":7', b'"task":9223372036854775808'),
+        _RAW.replace(b'"task":7', b'"task":7.0'),
+        _RAW.replace(b"[false,true]", b"[0,1]"),
+        _RAW.replace(b'"v":2', b'"v":2.0'),
+        b"\xef\xbb\xbf" + _RAW,  # a byte order mark
+        _RAW + b"x",
+    ],
+)
+def test_rollout_decoding_of_odd_bytes_equals_the_model_path(raw: bytes) -> None:
+    expected = _model_path(raw)
+    if expected is None:
+        with pytest.raises(ValueError):
+            decode_rollout(raw)
+    else:
+        assert decode_rollout(raw) == expected
 
 
 _INPUT = orjson.loads(encode_input("run-1", 3, {"q": "x", "_ng_task_index": 1}))

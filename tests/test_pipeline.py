@@ -25,6 +25,13 @@ from tests.golden import (
 CASES = profiled_cases()
 
 
+def _assert_golden_files(pipeline: Pipeline, case: GoldenCase, folder: Path) -> None:
+    assert pipeline.runs["run-1"].done
+    for suffix in OUTPUT_SUFFIXES:
+        name = f"{case.stem}{suffix}"
+        assert (folder / name).read_bytes() == (case.expected / name).read_bytes(), name
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_events_in_any_order_give_the_golden_files(case: GoldenCase, tmp_path: Path) -> None:
     partial = case.name.endswith("+allow_partial")
@@ -38,10 +45,44 @@ def test_events_in_any_order_give_the_golden_files(case: GoldenCase, tmp_path: P
             run = pipeline.handle(kind, raw)
             assert run is not None
             pipeline.maybe_finish(run)
-        assert pipeline.runs["run-1"].done
-    for suffix in OUTPUT_SUFFIXES:
-        name = f"{case.stem}{suffix}"
-        assert (tmp_path / "run-1" / name).read_bytes() == (case.expected / name).read_bytes(), name
+    _assert_golden_files(pipeline, case, tmp_path / "run-1")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_rollouts_in_batches_give_the_golden_files(case: GoldenCase, tmp_path: Path) -> None:
+    partial = case.name.endswith("+allow_partial")
+    events = golden_events(case, "run-1", finish=partial)
+    rollouts = [raw for kind, raw in events if kind == "rollout"]
+    rollouts += rollouts[:5]  # redelivered: counted once
+    rng = random.Random(3)
+    with Pipeline(tmp_path) as pipeline:
+        for kind, raw in events:
+            if kind == "input":
+                pipeline.handle(kind, raw, "input-0")
+        start = 0
+        while start < len(rollouts):
+            size = rng.randint(1, 40)
+            runs = pipeline.handle_rollouts(rollouts[start : start + size], "rollout-0")
+            assert runs is not None and [r.run_id for r in runs] == ["run-1"]
+            start += size
+        for kind, raw in events:
+            if kind == "control":
+                pipeline.handle(kind, raw)
+        pipeline.maybe_finish(pipeline.runs["run-1"])
+    _assert_golden_files(pipeline, case, tmp_path / "run-1")
+
+
+def test_a_batch_with_an_event_to_reject_or_rewrite_applies_nothing(tmp_path: Path) -> None:
+    rollouts = [raw for kind, raw in _collection(tmp_path) if kind == "rollout"][:10]
+    spaced = rollouts[1].replace(b'"info":{"', b'"info":{ "')  # valid, not orjson's bytes
+    with Pipeline(tmp_path / "out", max_event_bytes=max(map(len, rollouts)) + 100) as pipeline:
+        for odd in (b"not json", spaced, rollouts[2] + b" " * 4096):  # the last: oversized
+            assert pipeline.handle_rollouts([rollouts[0], odd], "rollout-0") is None
+            assert "run" not in pipeline.runs
+        runs = pipeline.handle_rollouts(rollouts[:2], "rollout-0")
+        assert runs is not None and runs[0].rollouts == 2
+        assert pipeline.handle("rollout", spaced, "rollout-0") is not None  # one by one: kept
+        assert runs[0].rollouts == 2 and runs[0].duplicates == 1
 
 
 def test_bad_events_are_rejected_with_reason(tmp_path: Path) -> None:
