@@ -252,18 +252,16 @@ class Pipeline:
 
     def _fold(self, unit: str, events: list[Rollout]) -> list[Run]:
         """Add decoded rollouts to their runs' parts (dropping those seen before)."""
-        parts: dict[str, Part] = {}
-        metrics = self.metrics
-        for event in events:
-            part = parts.get(event.run_id)
-            if part is None:
-                part = parts[event.run_id] = self._part(unit, event.run_id)
-            if part.add_rollout(event):
-                if metrics:
-                    metrics.rollout(event.agent, event.published_at)
-            elif metrics:
-                metrics.duplicates.labels("rollout").inc()
-        return [self.run(run_id) for run_id in parts]
+        by_run: dict[str, list[Rollout]] = {}
+        for event in events:  # a batch is one run's, but topics are shared
+            by_run.setdefault(event.run_id, []).append(event)
+        for run_id, mine in by_run.items():
+            new = self._part(unit, run_id).add_rollouts(mine)
+            if self.metrics:
+                self.metrics.rollouts(new)
+                if len(new) < len(mine):
+                    self.metrics.duplicates.labels("rollout").inc(len(mine) - len(new))
+        return [self.run(run_id) for run_id in by_run]
 
     def _announced(self, run_id: str) -> bool:
         """A run_started was seen, or the run's final profile exists (its run_started may have

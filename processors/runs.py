@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -218,13 +218,24 @@ class Part:
 
     def add_rollout(self, event: Rollout) -> bool:
         """Record one rollout; False when it was seen before."""
-        if not self._keys.add(event.task, event.rollout):
-            self.duplicates += 1
-            return False
-        self.state.add_record(event.task, event.rollout, event.record, event.agent)
-        if len(self.state.info_pool) >= _INFO_CHUNK:
-            self._spill().append(self.state.take_infos())
-        return True
+        return bool(self.add_rollouts([event]))
+
+    def add_rollouts(self, events: Sequence[Rollout]) -> list[Rollout]:
+        """Record rollouts in order; returns those not seen before (the others are counted as
+        duplicates)."""
+        add = self._keys.add
+        new = [event for event in events if add(event.task, event.rollout)]
+        self.duplicates += len(events) - len(new)
+        if new:
+            self.state.add_records(
+                [event.task for event in new],
+                [event.rollout for event in new],
+                [event.record for event in new],
+                [event.agent for event in new],
+            )
+            if len(self.state.info_pool) >= _INFO_CHUNK:
+                self._spill().append(self.state.take_infos())
+        return new
 
     def taken_infos(self) -> bytes:
         """The ``rollout_infos`` entries moved to the spill (what :meth:`ProfileState.merge`

@@ -12,6 +12,8 @@ pass@k-style aggregates need.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
+from itertools import accumulate, chain, islice
 from typing import Any
 
 import numpy as np
@@ -139,19 +141,36 @@ class ProfileState:
         self, task: int, rollout: int, record: ResultRecord, agent: str | None = None
     ) -> None:
         """Record an already extracted result (the stream processor extracts upstream)."""
-        shape = (record.names, record.is_int)
-        schema = self._schema_ids.get(shape)
-        if schema is None:
-            schema = self._schema_ids[shape] = len(self.schemas)
-            self.schemas.append(shape)
-        self.res_task.append(task)
-        self.res_rollout.append(rollout)
-        self.res_schema.append(schema)
-        self.res_masked.append(record.masked)
-        self.res_agent.append(self._name_id(agent))
-        self.pool.extend(record.values)
-        self.info_pool += record.info
-        self.info_end.append(self.info_taken + len(self.info_pool))
+        self.add_records([task], [rollout], [record], [agent])
+
+    def add_records(
+        self,
+        tasks: Sequence[int],
+        rollouts: Sequence[int],
+        records: Sequence[ResultRecord],
+        agents: Sequence[str | None],
+    ) -> None:
+        """Record extracted results, column by column (the stream processor's batches: a
+        third of the cost of one call per result)."""
+        schema_ids, name_id = self._schema_ids, self._name_id
+        schemas = []
+        for record in records:
+            shape = (record.names, record.is_int)
+            schema = schema_ids.get(shape)
+            if schema is None:
+                schema = schema_ids[shape] = len(self.schemas)
+                self.schemas.append(shape)
+            schemas.append(schema)
+        self.res_task.extend(tasks)
+        self.res_rollout.extend(rollouts)
+        self.res_schema.extend(schemas)
+        self.res_masked.extend([record.masked for record in records])
+        self.res_agent.extend([name_id(agent) for agent in agents])
+        self.pool.extend(chain.from_iterable([record.values for record in records]))
+        infos = [record.info for record in records]
+        base = self.info_taken + len(self.info_pool)
+        self.info_pool += b"".join(infos)
+        self.info_end.extend(islice(accumulate(map(len, infos), initial=base), 1, None))
 
     def take_infos(self) -> bytes:
         """Hand over the ``rollout_infos`` entries held so far (a caller keeps them on disk);

@@ -10,8 +10,9 @@ O(rollouts). No label is per task.
 
 from __future__ import annotations
 
+import collections
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +25,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from rewardstream.contract import REJECT_REASONS
+from rewardstream.contract import REJECT_REASONS, Rollout
 
 if TYPE_CHECKING:
     from processors.runs import Run
@@ -122,20 +123,21 @@ class Metrics:
         self._buckets = np.zeros(len(_LATENCY_BUCKETS) + 1, dtype=np.int64)  # last: +Inf
         self._latency_sum = 0.0
         self._consumed: dict[str, int] = {}  # rollouts by agent, folded
-        self._agents: dict[str | None, int] = {}  # rollouts noted since the last fold
+        self._agents: collections.Counter[str | None] = collections.Counter()  # since last fold
         self._latencies: list[float] = []
         self.registry.register(_LiveCollector(runs, lag, self._families))
 
-    def rollout(self, agent: str | None, published_at: float) -> None:
-        """Note one consumed rollout and its publish-to-visible latency (the hot path)."""
-        self._agents[agent] = self._agents.get(agent, 0) + 1
-        self._latencies.append(time.time() - published_at)
+    def rollouts(self, events: Sequence[Rollout]) -> None:
+        """Note consumed rollouts and their publish-to-visible latency (the hot path)."""
+        self._agents.update([event.agent for event in events])
+        now = time.time()
+        self._latencies.extend([now - event.published_at for event in events])
         if len(self._latencies) >= 1 << 16:
             self.fold()
 
     def fold(self) -> None:
         """Move the noted rollouts into the counter and the latency buckets."""
-        agents, self._agents = self._agents, {}
+        agents, self._agents = self._agents, collections.Counter()
         latencies, self._latencies = np.maximum(np.array(self._latencies), 0.0), []
         for agent, n in agents.items():
             self._consumed[agent or ""] = self._consumed.get(agent or "", 0) + n

@@ -19,6 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from processors.http import make_app, serve
 from processors.pipeline import Pipeline
+from processors.records import ResultRecord
+from rewardstream.contract import Rollout
 from rewardstream.kafka_local import free_port
 from sinks.metrics import Metrics
 from tests.golden import GOLDEN, golden_cases, golden_events
@@ -167,8 +169,9 @@ async def test_real_prometheus_scrapes_the_processor(served: tuple[str, Pipeline
 def test_latency_notes_fold_into_cumulative_le_buckets() -> None:
     metrics = Metrics(dict)
     now = time.time()
-    for age in (0.001, 0.01, 0.2, 100.0):
-        metrics.rollout("a", now - age)
+    record = ResultRecord(("reward",), (False,), (1.0,), b"{}", False)
+    ages = (0.001, 0.01, 0.2, 100.0)
+    metrics.rollouts([Rollout("r", i, 0, "a", record, now - age) for i, age in enumerate(ages)])
     got = _samples(metrics)
     bucket = "rewardstream_publish_to_visible_seconds_bucket"
     assert got[(bucket, (("le", "0.005"),))] == 1
