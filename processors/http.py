@@ -12,7 +12,8 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from processors.pipeline import Pipeline
-from processors.snapshot import MEDIA_TYPE, SnapshotError, SnapshotJob
+from processors.snapshot import SnapshotJob
+from sinks.snapshot_wire import MEDIA_TYPE, SnapshotError
 
 __all__ = ["make_app", "serve"]
 

@@ -11,11 +11,13 @@ import argparse
 import asyncio
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from producers.publish import PublishReport, default_run_id, publish_files
-from rewardstream import kafka_config
-from rewardstream.contract import Topics
+from rewardstream import kafka_options
 from rewardstream.errors import InputError, LineError
+
+if TYPE_CHECKING:
+    from producers.publish import PublishReport
 
 __all__ = ["add_parser"]
 
@@ -45,11 +47,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="with --follow: finish the run after S seconds without a new line (default 30)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    kafka_config.add_arguments(p)
+    kafka_options.add_arguments(p)
     p.set_defaults(func=_cmd_publish)
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
+    from producers.publish import default_run_id  # imported when run: see rewardstream.cli
+
     try:
         report = asyncio.run(_publish(args))
     except LineError as exc:  # lines are sent as they are read: say what the topics now hold
@@ -67,6 +71,10 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 
 async def _publish(args: argparse.Namespace) -> PublishReport:
+    from producers.publish import publish_files
+    from rewardstream import kafka_config
+    from rewardstream.contract import Topics
+
     security = kafka_config.from_args(args)  # a bad setting fails before anything starts
     stop = asyncio.Event()
     if args.follow:  # a graceful stop still publishes RunFinished; without --follow, Ctrl-C aborts

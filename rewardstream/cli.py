@@ -1,6 +1,8 @@
 """Command-line entry points: ``rewardstream <verb>`` and NeMo Gym's ``ng_*`` names.
 
-Every user error ends as one line on stderr and exit code 2 (never a traceback).
+Every user error ends as one line on stderr and exit code 2 (never a traceback). Each command
+imports what it needs when it runs (numpy, pydantic, aiokafka take ~0.4 s to import), so a
+light one such as ``rewardstream snapshot`` starts in ~0.1 s.
 """
 
 from __future__ import annotations
@@ -19,14 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
 
 from producers import cli as publish_cli
-from rewardstream import kafka_config, kafka_local
-from rewardstream.batch import ProfileConfig, print_summary, run_profile
-from rewardstream.contract import run_id_from
+from rewardstream import kafka_local, kafka_options
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
 from rewardstream.jsonl import check_input_file
+from rewardstream.names import run_id_from
 from rewardstream.overrides import parse_overrides
 
 __all__ = ["main", "ng_reward_profile"]
@@ -40,6 +40,10 @@ def _fail(prog: str, message: str) -> int:
 
 
 def _profile(prog: str, config: dict[str, Any]) -> int:
+    from pydantic import ValidationError
+
+    from rewardstream.batch import ProfileConfig, print_summary, run_profile
+
     missing = [k for k in _PROFILE_REQUIRED if k not in config]
     if missing:
         return _fail(
@@ -115,6 +119,7 @@ def _positive_int(text: str) -> int:
 
 def _cmd_stream(args: argparse.Namespace) -> int:
     from processors.stream import StreamProcessor
+    from rewardstream import kafka_config
     from rewardstream.contract import Topics
 
     logging.basicConfig(
@@ -142,6 +147,8 @@ def _cmd_stream(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from processors.inprocess import stream_files
 
     inputs, rollouts = Path(args.inputs), Path(args.rollouts)
@@ -162,6 +169,7 @@ _OUTPUT_LABELS = ("Reward profiling outputs", "Agent-level metrics", "Repeat-lev
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from producers.demo import run_demo
+    from rewardstream import kafka_config
 
     bootstrap = None if args.bootstrap is None else ":".join(map(str, args.bootstrap))
     security = kafka_config.from_args(args)
@@ -178,7 +186,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_snapshot(args: argparse.Namespace) -> int:
-    from processors.snapshot import receive
+    from sinks.snapshot_wire import receive
 
     url = f"{args.url.rstrip('/')}/runs/{urllib.parse.quote(args.run_id, safe='')}/snapshot"
     try:
@@ -230,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1 << 20,
         help="larger events go to the dead-letter topic unparsed, reason 'oversized' (1 MiB)",
     )
-    kafka_config.add_arguments(st)
+    kafka_options.add_arguments(st)
     st.set_defaults(func=_cmd_stream)
     rp = sub.add_parser(
         "replay", help="stream a collection's files through the in-process pipeline"
@@ -254,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--repeats", type=int, default=4, help="rollouts per task (4)")
     dm.add_argument("--parallel", type=int, default=32, help="rollouts in flight (32)")
     dm.add_argument("--limit", type=int, default=None, help="only the first N tasks")
-    kafka_config.add_arguments(dm)
+    kafka_options.add_arguments(dm)
     dm.set_defaults(func=_cmd_demo)
     publish_cli.add_parser(sub)
     kafka_local.add_parser(sub)

@@ -42,6 +42,14 @@ from pydantic import (
 
 from processors.records import ResultRecord
 from rewardstream.errors import MissingKey
+from rewardstream.names import (
+    MAX_NAME_BYTES,
+    RUN_ID,
+    STEM,
+    fits_a_name,
+    run_id_from,
+    valid_output_stem,
+)
 
 __all__ = [
     "MAX_NAME_BYTES",
@@ -71,24 +79,11 @@ __all__ = [
 ]
 
 SCHEMA_VERSION: Literal[2] = 2  # 2: rollout events carry the extracted record
-_RUN_ID = r"^\w[\w.-]*$"  # a path component of the output folder: no separators, no leading dot
-_STEM = r"^[\w.-]+$"  # the rollouts file's stem: a file name once a suffix is appended
-MAX_NAME_BYTES = 200  # run ids and stems name folders and files: far below NAME_MAX (255 bytes)
-
-
-def _fits_a_name(value: str) -> str:
-    """Characters are not bytes: 200 non-ASCII characters would exceed the file system's
-    255-byte name limit and fail every write for the run (the processor would crash-loop)."""
-    if len(value.encode()) > MAX_NAME_BYTES:
-        raise ValueError(f"must be at most {MAX_NAME_BYTES} bytes in UTF-8 (it names a file)")
-    return value
-
-
 RunId = Annotated[
-    str, Field(min_length=1, max_length=200, pattern=_RUN_ID), AfterValidator(_fits_a_name)
+    str, Field(min_length=1, max_length=200, pattern=RUN_ID), AfterValidator(fits_a_name)
 ]
 OutputStem = Annotated[
-    str, Field(min_length=1, max_length=200, pattern=_STEM), AfterValidator(_fits_a_name)
+    str, Field(min_length=1, max_length=200, pattern=STEM), AfterValidator(fits_a_name)
 ]
 
 
@@ -105,22 +100,6 @@ class Topics(NamedTuple):
         return cls(
             f"{prefix}.inputs", f"{prefix}.rollouts", f"{prefix}.control", f"{prefix}.dead-letters"
         )
-
-
-def run_id_from(text: str) -> str:
-    """``text`` made into a valid run id (invalid characters become ``_``), cut to 180 bytes so
-    that a ``-<8 hex>`` suffix still fits :data:`MAX_NAME_BYTES`."""
-    cut = re.sub(r"[^\w.-]", "_", text).encode()[:180].decode(errors="ignore")
-    return cut.lstrip(".-") or "run"
-
-
-def valid_output_stem(stem: object) -> bool:
-    """What ``RunStarted.output_stem`` accepts (a snapshot client checks the names it writes)."""
-    return (
-        isinstance(stem, str)
-        and re.fullmatch(_STEM, stem) is not None
-        and 0 < len(stem.encode()) <= MAX_NAME_BYTES
-    )
 
 
 def task_key(task: int) -> bytes:
@@ -297,7 +276,7 @@ def rollout_of(event: RolloutEvent) -> Rollout:
 
 
 _INPUT_KEYS = frozenset(InputEvent.model_fields)
-_RUN_ID_RE = re.compile(_RUN_ID)
+_RUN_ID_RE = re.compile(RUN_ID)
 _known_run_ids: set[str] = set()  # checked already; a handful per processor
 
 

@@ -36,10 +36,10 @@ from aiokafka.helpers import create_ssl_context
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, model_validator
 
 from rewardstream.errors import InputError
+from rewardstream.kafka_options import ENV_PREFIX, OPTIONS, add_arguments
 
 __all__ = ["ENV_PREFIX", "KafkaSecurity", "add_arguments", "env_name", "from_args", "start_client"]
 
-ENV_PREFIX = "REWARDSTREAM_KAFKA_"
 _PROBE_TIMEOUT_S = 10.0
 _SASL_FIELDS = ("sasl_mechanism", "sasl_plain_username", "sasl_plain_password")
 _SSL_FIELDS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password")
@@ -171,30 +171,11 @@ class KafkaSecurity(BaseModel):
 
 # --------------------------------------------------------------------------- command line
 
-_OPTIONS = {
-    "security_protocol": "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
-    "sasl_mechanism": "PLAIN (default with a user), SCRAM-SHA-256 or SCRAM-SHA-512",
-    "sasl_plain_username": "SASL user (its password: $REWARDSTREAM_KAFKA_SASL_PLAIN_PASSWORD)",
-    "ssl_cafile": "CA bundle that signed the brokers' certificates (default: system CAs)",
-    "ssl_certfile": "client certificate (PEM), for brokers that require one",
-    "ssl_keyfile": "the client certificate's private key (PEM)",
-}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--kafka-security-protocol`` etc.: every non-secret setting, each defaulting to its
-    ``REWARDSTREAM_KAFKA_*`` variable."""
-    group = parser.add_argument_group(
-        "Kafka security", f"also from the environment: {ENV_PREFIX}<NAME> (see README)"
-    )
-    for field, text in _OPTIONS.items():
-        flag = "--kafka-" + field.replace("sasl_plain_", "sasl_").replace("_", "-")
-        group.add_argument(flag, dest=f"kafka_{field}", default=None, help=text)
-
 
 def from_args(args: argparse.Namespace) -> KafkaSecurity:
-    """The settings of a command parsed with :func:`add_arguments` (options over env)."""
-    return KafkaSecurity.from_env(**{f: getattr(args, f"kafka_{f}", None) for f in _OPTIONS})
+    """The settings of a command parsed with :func:`~rewardstream.kafka_options.add_arguments`
+    (options over env)."""
+    return KafkaSecurity.from_env(**{f: getattr(args, f"kafka_{f}", None) for f in OPTIONS})
 
 
 # --------------------------------------------------------------------------- starting clients

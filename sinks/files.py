@@ -12,12 +12,14 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 import orjson
 
-from processors.profile import Profile, TaskRow
 from rewardstream.errors import InputError
+
+if TYPE_CHECKING:  # annotations only: the snapshot client writes files without numpy
+    from processors.profile import Profile, TaskRow
 
 __all__ = [
     "InputsFile",

@@ -11,9 +11,10 @@ import pytest
 from bench.generate import generate
 from processors.checkpoint import CheckpointStore
 from processors.pipeline import EventKind, Pipeline, Rejected
-from processors.snapshot import SnapshotJob, receive
+from processors.snapshot import SnapshotJob
 from producers.events import rollout_event
 from rewardstream.contract import RunFinished, encode
+from sinks.snapshot_wire import receive
 from tests.golden import (
     OUTPUT_SUFFIXES,
     GoldenCase,

@@ -43,12 +43,12 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from gym_servers.base import MAX_REQUEST_BYTES
 from gym_servers.ng_run import BUNDLED_CONFIG
 from processors.http import MAX_BODY_BYTES
-from processors.snapshot import MEDIA_TYPE
 from rewardstream import kafka_local
 from rewardstream.cli import main
 from rewardstream.contract import Topics, task_key
 from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import free_port
+from sinks.snapshot_wire import MEDIA_TYPE
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 from tests.gym import fast, write_problems
 from tests.tls import Certs, make_certs
@@ -439,7 +439,7 @@ async def test_oversized_post_is_413_and_the_processor_keeps_serving(loaded: Loa
 
 
 def _snapshot_body(names: list[Any]) -> bytes:
-    """A well-formed snapshot stream (processors/snapshot.py) whose files are called ``names``:
+    """A well-formed snapshot stream (sinks/snapshot_wire.py) whose files are called ``names``:
     the head line, one frame of ``{}`` per file, the end frame."""
     head = {"run_id": "r", "rollouts": 1, "inputs": 1, "offsets": {}, "files": names}
     frames = [struct.pack(">BI", i, 2) + b"{}" for i in range(len(names))]

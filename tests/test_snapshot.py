@@ -17,8 +17,9 @@ import pytest
 from bench.generate import generate
 from processors.http import make_app, serve
 from processors.pipeline import EventKind, Pipeline
-from processors.snapshot import MEDIA_TYPE, SnapshotError, SnapshotHead, SnapshotJob, receive
+from processors.snapshot import SnapshotJob
 from rewardstream.kafka_local import free_port
+from sinks.snapshot_wire import MEDIA_TYPE, SnapshotError, SnapshotHead, receive
 from tests.golden import (
     GoldenCase,
     assert_batch_files,

@@ -1,0 +1,39 @@
+"""What a run id and an output stem may be: they name folders and files.
+
+Part of the wire contract (:mod:`rewardstream.contract` re-exports it), kept apart so the
+snapshot client checks the names it writes without importing the event models.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["MAX_NAME_BYTES", "RUN_ID", "STEM", "fits_a_name", "run_id_from", "valid_output_stem"]
+
+RUN_ID = r"^\w[\w.-]*$"  # a path component of the output folder: no separators, no leading dot
+STEM = r"^[\w.-]+$"  # the rollouts file's stem: a file name once a suffix is appended
+MAX_NAME_BYTES = 200  # run ids and stems name folders and files: far below NAME_MAX (255 bytes)
+
+
+def fits_a_name(value: str) -> str:
+    """Characters are not bytes: 200 non-ASCII characters would exceed the file system's
+    255-byte name limit and fail every write for the run (the processor would crash-loop)."""
+    if len(value.encode()) > MAX_NAME_BYTES:
+        raise ValueError(f"must be at most {MAX_NAME_BYTES} bytes in UTF-8 (it names a file)")
+    return value
+
+
+def run_id_from(text: str) -> str:
+    """``text`` made into a valid run id (invalid characters become ``_``), cut to 180 bytes so
+    that a ``-<8 hex>`` suffix still fits :data:`MAX_NAME_BYTES`."""
+    cut = re.sub(r"[^\w.-]", "_", text).encode()[:180].decode(errors="ignore")
+    return cut.lstrip(".-") or "run"
+
+
+def valid_output_stem(stem: object) -> bool:
+    """What ``RunStarted.output_stem`` accepts (a snapshot client checks the names it writes)."""
+    return (
+        isinstance(stem, str)
+        and re.fullmatch(STEM, stem) is not None
+        and 0 < len(stem.encode()) <= MAX_NAME_BYTES
+    )
