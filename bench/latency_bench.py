@@ -3,7 +3,8 @@
     python -m bench.latency_bench [--rate 10000] [--seconds 20] [--bootstrap HOST:PORT]
 
 A paced producer sends rollout events (stamped with their send time, as the publisher does) at
-``--rate`` per second; an in-process :class:`StreamProcessor` consumes them. The processor's
+``--rate`` per second, once an in-process :class:`StreamProcessor` has joined its group (one
+warm-up rollout of another run creates the topic first); the processor consumes them. Its
 ``rewardstream_publish_to_visible_seconds`` histogram is read at the end and its quantiles are
 reported as bucket upper bounds (Prometheus' own resolution). Without ``--bootstrap`` it starts
 its own broker from the Maven jars.
@@ -42,21 +43,31 @@ def quantiles(processor: StreamProcessor, qs: tuple[float, ...]) -> dict[float, 
 
 async def run(bootstrap: str, rate: int, seconds: float, work: Path) -> None:
     topics = Topics.for_prefix(f"lat-{uuid.uuid4().hex[:8]}")
-    processor = StreamProcessor(bootstrap, work, topics)
-    stop = asyncio.Event()
-    consumer = asyncio.create_task(processor.run(stop))
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, enable_idempotence=True)
     await producer.start()
     result = {"reward": 1.0, "response": {"usage": {"input_tokens": 10, "output_tokens": 20}}}
+
+    async def send(i: int, run: str = "run") -> None:
+        task, rollout = divmod(i, 8)
+        record = extract_result(result, task, rollout)
+        value = encode_rollout(run, task, rollout, "a", record, time.time())
+        await producer.send(topics.rollouts, value, key=task_key(task))
+
+    # steady state: the topic exists and the processor has joined its group before the paced
+    # sending starts (a rollout sent during the join would wait for it: ~0.5-3 s, not latency)
+    await send(0, "warm-up")  # creates the topic
+    await producer.flush()
+    processor = StreamProcessor(bootstrap, work, topics)
+    stop = asyncio.Event()
+    consumer = asyncio.create_task(processor.run(stop))
+    while processor.assigned_at is None:
+        await asyncio.sleep(0.01)
     sent, start, tick = 0, time.perf_counter(), 0.01
     try:
         while (elapsed := time.perf_counter() - start) < seconds:
             due = int(elapsed * rate)
             while sent < due:
-                task, rollout = divmod(sent, 8)
-                record = extract_result(result, task, rollout)
-                value = encode_rollout("run", task, rollout, "a", record, time.time())
-                await producer.send(topics.rollouts, value, key=task_key(task))
+                await send(sent)
                 sent += 1
             await asyncio.sleep(tick)
         await producer.flush()

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
 from processors.kernels import GroupStats, Summary, describe_groups, summarize_present
-from processors.state import ProfileState
+from processors.state import InfoBytes, ProfileState
 from rewardstream.errors import ProfileError
 
 __all__ = ["CompletionSummary", "Profile", "TaskRow", "TaskRows", "build_profile"]
@@ -46,31 +46,16 @@ class CompletionSummary(NamedTuple):
 
 
 class TaskRow(NamedTuple):
-    """One ``_reward_profiling.jsonl`` line, with its ``sample`` still to be read back.
+    """One ``_reward_profiling.jsonl`` line, rendered but for its ``sample``: ``head`` is the
+    line up to the sample value, ``tail`` the rest (newline included)."""
 
-    ``infos`` is the group's ``rollout_infos`` value, already serialized (a JSON array).
-    """
-
-    head: dict[str, Any]
+    head: bytes
     sample_locator: int
-    tail: dict[str, Any]
-    infos: bytes
+    tail: bytes
 
     def render(self, sample: bytes) -> bytes:
-        """The line, given the serialized sample row: pieces joined, not one dict dumped
-        (~1 us less per row, which is ~0.1 s of a 100,000-task snapshot)."""
-        return b"".join(
-            (
-                orjson.dumps(self.head)[:-1],
-                b',"sample":',
-                sample,
-                b",",
-                orjson.dumps(self.tail)[1:-1],
-                b',"rollout_infos":',
-                self.infos,
-                b"}\n",
-            )
-        )
+        """The line, given the serialized sample row."""
+        return b"".join((self.head, sample, self.tail))
 
 
 @dataclass(frozen=True)
@@ -159,7 +144,11 @@ class _Inputs(NamedTuple):
 
     @classmethod
     def of(cls, state: ProfileState) -> _Inputs:
-        order = np.argsort(state.column(state.in_order), kind="stable")
+        position = state.column(state.in_order)
+        if np.all(position[1:] >= position[:-1]):  # arrived in file order: the common case
+            order: slice | I64 = slice(None)
+        else:
+            order = np.argsort(position, kind="stable")
         return cls(
             *(
                 state.column(buf)[order].astype(np.int64)
@@ -280,10 +269,13 @@ def _frame(state: ProfileState, results: I64) -> _Frame:
     starts, _ = state.value_starts(schema_of)
     pool = state.column(state.pool)
     schemas = schema_of[results]
-    order = np.argsort(schemas, kind="stable")
-    bounds = np.flatnonzero(np.diff(schemas[order])) + 1
-    groups = np.split(order, bounds) if len(order) else []
-    groups.sort(key=lambda g: int(g[0]))  # first appearance in key order
+    if len(schemas) and schemas.min() == schemas.max():  # one schema: the common case
+        groups = [np.arange(len(schemas))]
+    else:
+        order = np.argsort(schemas, kind="stable")
+        bounds = np.flatnonzero(np.diff(schemas[order])) + 1
+        groups = np.split(order, bounds) if len(order) else []
+        groups.sort(key=lambda g: int(g[0]))  # first appearance in key order
     columns: dict[str, int] = {}
     int_rows = np.zeros(0, dtype=np.int64)
     placed = []
@@ -295,10 +287,13 @@ def _frame(state: ProfileState, results: I64) -> _Frame:
         for c, flag in zip(cols, is_int, strict=True):
             int_rows[c] += len(rows) if flag else 0
         placed.append((rows, cols))
-    values = np.full((len(results), len(columns)), np.nan)
-    for rows, cols in placed:
-        pos = starts[results[rows]][:, None] + np.arange(len(cols))
-        values[rows[:, None], np.asarray(cols, dtype=np.int64)[None, :]] = pool[pos]
+    if len(placed) == 1:  # every row has every column, in order: one gather
+        values = pool[starts[results][:, None] + np.arange(len(columns))]
+    else:
+        values = np.full((len(results), len(columns)), np.nan)
+        for rows, cols in placed:
+            pos = starts[results[rows]][:, None] + np.arange(len(cols))
+            values[rows[:, None], np.asarray(cols, dtype=np.int64)[None, :]] = pool[pos]
     all_int = bool(np.all(int_rows == len(results)))
     return _Frame(list(columns), values, all_int)
 
@@ -332,23 +327,99 @@ def _describe_segments(
     return GroupStats(count, mean, mx, mn, median, std)
 
 
-def _stat_dicts(stats: GroupStats, columns: list[str], all_int: bool) -> Iterator[dict[str, Any]]:
-    """One ``mean/* max/* min/* median/* std/*`` dict per group; missing stats omitted."""
+class _StatKeys(NamedTuple):
+    """The ``mean/* max/* min/* median/* std/*`` keys, in output order, and which of them
+    are written as ints (max and min when every column is int, spec §2.7)."""
+
+    keys: list[str]
+    is_int: list[bool]
+
+    @classmethod
+    def of(cls, columns: list[str], all_int: bool) -> _StatKeys:
+        keys = [f"{stat}/{name}" for stat in _STATS for name in columns]
+        ints = [all_int and stat in ("max", "min") for stat in _STATS for _ in columns]
+        return cls(keys, ints)
+
+    def row(self, values: list[float]) -> dict[str, Any]:
+        """One group's stats as a dict; missing (NaN) stats omitted."""
+        return {
+            k: int(v) if i else v
+            for k, i, v in zip(self.keys, self.is_int, values, strict=True)
+            if v == v  # not NaN
+        }
+
+
+def _stat_table(stats: GroupStats) -> npt.NDArray[np.float64]:
+    """The stats as a (group x key) matrix, keys in :class:`_StatKeys` order."""
     arrays = (stats.mean, stats.max, stats.min, stats.median, stats.std)
-    keys = [f"{stat}/{name}" for stat in _STATS for name in columns]
-    int_keys = [f"{stat}/{name}" for stat in ("max", "min") for name in columns] if all_int else []
-    n_groups = stats.n.shape[1]
-    table = np.concatenate(arrays, axis=0).T if keys else np.zeros((n_groups, 0))
-    complete = cast(list[bool], np.all(~np.isnan(table), axis=1).tolist())
-    for values, full in zip(table.tolist(), complete, strict=True):
-        if full:  # the common case: every stat defined
-            row = dict(zip(keys, values, strict=True))
-        else:
-            row = {k: v for k, v in zip(keys, values, strict=True) if v == v}  # v == v: not NaN
-        for key in int_keys:
-            if key in row:
-                row[key] = int(row[key])
-        yield row
+    return np.concatenate(arrays, axis=0).T
+
+
+def _tokens(values: npt.NDArray[Any]) -> list[bytes]:
+    """Each value of a 1-D array as orjson writes it: one call for all of them (orjson writes
+    a numpy float64 exactly as the Python float; NaN and infinities as ``null``)."""
+    if not len(values):
+        return []
+    return orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+
+
+class _RowFormat:
+    """Renders task rows a chunk at a time: byte templates filled with number tokens that
+    orjson formats per column (~3 us per row where a dict per row and a dump of it took ~10).
+    A row with a missing stat, whose keys are then omitted, goes through a dict instead."""
+
+    _TAIL = (
+        b',"num_rollouts":%d,"expected_num_rollouts":%d,"missing_num_rollouts":%d,'
+        b'"reward_profile_completion_pct":%s,"rollout_infos":%s}\n'
+    )
+
+    def __init__(self, columns: list[str], all_int: bool, agent_refs: list[bytes] | None):
+        self.stat_keys = _StatKeys.of(columns, all_int)
+        self.agent_refs = agent_refs  # by label name id, under fan-out
+        fields = [b'"_ng_task_index":%d']
+        fields += [orjson.dumps(k).replace(b"%", b"%%") + b":%s" for k in self.stat_keys.keys]
+        if agent_refs is not None:
+            fields.append(b'"agent_ref":%s')
+        self._head = b"{" + b",".join(fields) + b',"sample":'
+
+    def heads(
+        self, tasks: list[int], labels: list[int], table: npt.NDArray[np.float64]
+    ) -> list[bytes]:
+        """Each group's line up to its sample value."""
+        bad = np.isnan(table).any(axis=1)
+        columns: list[list[bytes]] = []
+        for j, is_int in enumerate(self.stat_keys.is_int):
+            column = table[:, j]
+            if is_int:  # exact ints below 2**63; others (and NaN) through the dict path
+                fits = np.abs(column) < 2.0**63
+                bad |= ~fits
+                column = np.where(fits, column, 0.0).astype(np.int64)
+            columns.append(_tokens(column))
+        refs = self.agent_refs
+        extra = [[refs[lab] for lab in labels]] if refs is not None else []
+        out = [self._head % args for args in zip(tasks, *columns, *extra, strict=True)]
+        for i in np.flatnonzero(bad).tolist():
+            head = {"_ng_task_index": tasks[i]} | self.stat_keys.row(table[i].tolist())
+            if refs is not None:
+                head["agent_ref"] = orjson.Fragment(refs[labels[i]])
+            out[i] = orjson.dumps(head)[:-1] + b',"sample":'
+        return out
+
+    def tails(self, nums: I64, expected: I64, infos: list[bytes]) -> list[bytes]:
+        """Each group's line after its sample value (spec §2.8's completion keys)."""
+        with np.errstate(divide="ignore", invalid="ignore"):  # a group expects >= its rollouts
+            pct = np.where(expected > 0, 100.0 * nums / expected, 100.0)
+        return [
+            self._TAIL % args
+            for args in zip(
+                nums.tolist(),
+                expected.tolist(),
+                (expected - nums).tolist(),
+                _tokens(pct),
+                infos,
+                strict=True,
+            )
+        ]
 
 
 # (key label, Summary field) in output order; the two places name and order them differently
@@ -435,30 +506,38 @@ def _coverage(agent: I64, task: I64, masked: npt.NDArray[np.bool_]) -> dict[int,
     return dict(sorted(out.items(), key=lambda kv: first[kv[0]]))
 
 
-_GROUPS_PER_CHUNK = 1024  # task rows built per chunk: bounds the per-chunk lists
+# task rows built per chunk: bounds the per-chunk lists (1,024 freed ~2 MB per chunk, which
+# glibc gave back and took again: 3x the page faults in a snapshot's renderers, measured)
+_GROUPS_PER_CHUNK = 256
 
 
 class _Infos(NamedTuple):
-    """The state's serialized ``rollout_infos`` entries: one pool, each result's span in it."""
+    """The state's serialized ``rollout_infos`` entries: the buffers holding them (see
+    :meth:`ProfileState.info_segments`), and each result's buffer and span in it."""
 
-    pool: bytearray
+    segments: list[InfoBytes]
+    segment: I64
     begin: I64
     end: I64
 
     @classmethod
     def of(cls, state: ProfileState) -> _Infos:
+        segments = state.info_segments()
         end = state.column(state.info_end).astype(np.int64)
-        return cls(state.info_pool, np.r_[0, end][:-1].astype(np.int64), end)
+        bounds = np.cumsum([len(s) for s in segments], dtype=np.int64)  # entries never straddle
+        segment = np.searchsorted(bounds, end, side="left")
+        start = np.r_[0, bounds][segment]
+        return cls(segments, segment, np.r_[0, end][:-1] - start, end - start)
 
     def arrays(self, results: I64, sizes: I64) -> list[bytes]:
         """Each group's JSON array of its results' entries (``results`` are the groups' members
         back to back, ``sizes`` long). Joins memoryview slices: ~0.35 us per entry, less than
-        a numpy byte gather (measured), and no copy of the pool."""
-        begin, end = self.begin[results].tolist(), self.end[results].tolist()
-        pool, out, i = memoryview(self.pool), [], 0
-        for n in sizes.tolist():
-            pieces = [pool[a:b] for a, b in zip(begin[i : i + n], end[i : i + n], strict=True)]
-            out.append(b"".join((b"[", b",".join(pieces), b"]")))
+        a numpy byte gather (measured), and no copy of the buffers."""
+        segment, begin, end = (a[results].tolist() for a in (self.segment, self.begin, self.end))
+        views, out, i = [memoryview(s) for s in self.segments], [], 0
+        for n in sizes.tolist():  # per group: a chunk's slices at once would churn the heap
+            spans = zip(segment[i : i + n], begin[i : i + n], end[i : i + n], strict=True)
+            out.append(b"".join((b"[", b",".join([views[s][a:b] for s, a, b in spans]), b"]")))
             i += n
         return out
 
@@ -503,30 +582,25 @@ def _task_rows(
     starts = np.flatnonzero(np.r_[len(keep) > 0, boundary]).astype(np.int64)
     sizes = np.diff(np.r_[starts, len(keep)]).astype(np.int64)
 
+    refs = [orjson.dumps({"name": name}) for name in names] if fan_out else None
+    fmt = _RowFormat(r.frame.columns, r.frame.all_int, refs)
+
     def make_rows(start: int, stop: int) -> Iterator[TaskRow]:
         ends = np.cumsum(sizes)
         for lo in range(start, stop, _GROUPS_PER_CHUNK):
             hi = min(lo + _GROUPS_PER_CHUNK, stop)
-            # per-group values as lists, a chunk at a time: one numpy call each, not one per row
-            firsts, num_l = group_key[starts[lo:hi]].tolist(), sizes[lo:hi].tolist()
+            # a chunk of rows at a time: one numpy call per column, not one per row
+            firsts, nums = group_key[starts[lo:hi]], sizes[lo:hi]
+            tasks, labels = firsts[:, 0].tolist(), firsts[:, 1].tolist()
+            exp = np.array(
+                [expected[key] for key in zip(tasks, labels, strict=True)], dtype=np.int64
+            )
             samples = locator[r.row[keep[starts[lo:hi]]]].tolist()
-            arrays = infos.arrays(r.result[keep[starts[lo] : ends[hi - 1]]], sizes[lo:hi])
-            stats = _describe_segments(r.frame.values, keep, starts[lo:hi], sizes[lo:hi])
-            heads = _stat_dicts(stats, r.frame.columns, r.frame.all_int)
-            for (task, lab), num, sample, info, stat in zip(
-                firsts, num_l, samples, arrays, heads, strict=True
-            ):
-                head = {"_ng_task_index": task} | stat
-                if fan_out:
-                    head["agent_ref"] = {"name": names[lab]}
-                exp = expected[(task, lab)]
-                tail = {
-                    "num_rollouts": num,
-                    "expected_num_rollouts": exp,
-                    "missing_num_rollouts": exp - num,
-                    "reward_profile_completion_pct": 100.0 * num / exp if exp else 100.0,
-                }
-                yield TaskRow(head, sample, tail, info)
+            arrays = infos.arrays(r.result[keep[starts[lo] : ends[hi - 1]]], nums)
+            stats = _describe_segments(r.frame.values, keep, starts[lo:hi], nums)
+            heads = fmt.heads(tasks, labels, _stat_table(stats))
+            tails = fmt.tails(nums, exp, arrays)
+            yield from map(TaskRow, heads, samples, tails)
 
     return TaskRows(len(starts), make_rows)
 
@@ -541,7 +615,8 @@ def _agent_metrics(
     for lab in sorted(set(r.label[r.label >= 0].tolist()), key=names.__getitem__):
         rows = np.flatnonzero(r.label == lab)
         stats = _describe_segments(r.frame.values, rows, one, np.array([len(rows)]))
-        entry = next(_stat_dicts(stats, r.frame.columns, r.frame.all_int))
+        keys = _StatKeys.of(r.frame.columns, r.frame.all_int)
+        entry = keys.row(_stat_table(stats)[0].tolist())
         entry["agent_ref"] = {"name": names[lab]}
         if len(np.unique(r.rollout[rows])) > 1:
             entries = _repeat_entries(

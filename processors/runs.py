@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import orjson
 
-from processors.state import LOCATOR_BITS, ProfileState, row_key
+from processors.state import LOCATOR_BITS, InfoBytes, ProfileState, row_key
 from processors.welford import RunningStats
 from rewardstream.contract import Input, Rollout, RunStarted
 from rewardstream.errors import InvalidRow
@@ -43,8 +43,8 @@ class Spill:
     """An append-only file of bytes addressed by offset: ``sample`` rows (one JSON line each)
     of input parts, ``rollout_infos`` entries of rollout parts, which memory need not hold.
 
-    Writes are unbuffered and reads go through ``pread`` or a memory map of what was written,
-    so a snapshot thread (or another processor) can read while the owner keeps appending. Only
+    Writes are unbuffered and reads go through a memory map of what was written, so a snapshot
+    (or another processor) can read while the owner keeps appending. Only
     the owner writes: a spill unpickled from a checkpoint is read-only until :meth:`claim` cuts
     it back to the checkpointed length.
     """
@@ -75,15 +75,17 @@ class Spill:
         self.size += len(data)
         return offset
 
-    def read(self, offset: int, size: int) -> bytes:
-        return os.pread(self._fd, size, offset)
+    def view(self, size: int) -> mmap.mmap | bytes:
+        """The first ``size`` bytes, memory-mapped read-only (unmapped when collected): written
+        bytes never change, so the map can be held while the owner keeps appending."""
+        if not size:
+            return b""  # mmap refuses a length of 0
+        return mmap.mmap(self._fd, size, prot=mmap.PROT_READ)
 
     def lines(self) -> Callable[[int], bytes]:
         """A reader of the lines written so far, by offset, through a memory map (a profile
         reads one per task: ~10x cheaper than a ``pread`` each)."""
-        view: mmap.mmap | bytes = b""  # mmap refuses a length of 0
-        if self.size:
-            view = mmap.mmap(self._fd, self.size, prot=mmap.PROT_READ)  # unmapped when collected
+        view = self.view(self.size)
 
         def line(offset: int) -> bytes:
             end = view.find(b"\n", offset)
@@ -237,13 +239,13 @@ class Part:
                 self._spill().append(self.state.take_infos())
         return new
 
-    def taken_infos(self) -> bytes:
+    def taken_infos(self) -> InfoBytes:
         """The ``rollout_infos`` entries moved to the spill (what :meth:`ProfileState.merge`
-        needs with this part's state)."""
+        needs with this part's state), mapped, not read."""
         if not self.state.info_taken:
             return b""
         assert self.spill is not None
-        return self.spill.read(0, self.state.info_taken)
+        return self.spill.view(self.state.info_taken)
 
     def close(self) -> None:
         if self.spill is not None:

@@ -11,6 +11,7 @@ pass@k-style aggregates need.
 
 from __future__ import annotations
 
+import mmap
 from array import array
 from collections.abc import Sequence
 from itertools import accumulate, chain, islice
@@ -29,6 +30,9 @@ LOCATOR_BITS = 40
 """Merged parts tag their locators with ``part << LOCATOR_BITS`` (offsets stay below 1 TiB)."""
 
 _NO_NAME = -1
+
+InfoBytes = bytes | bytearray | mmap.mmap
+"""Serialized ``rollout_infos`` entries: in memory, or a spill file's memory map."""
 _DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
 
 
@@ -93,8 +97,12 @@ class ProfileState:
         self.res_schema = array("i")
         self.res_masked = array("b")
         self.pool = array("d")
-        self.info_pool = bytearray()  # rollout_infos entries not yet taken (take_infos)
-        self.info_taken = 0  # bytes of entries taken out before info_pool's first byte
+        # rollout_infos entries, in offset order: info_taken bytes handed out (take_infos),
+        # then entries merged in (held by reference: never copied, never changed), then
+        # info_pool, where this state's own entries are appended
+        self.info_taken = 0
+        self.info_held: list[InfoBytes] = []
+        self.info_pool = bytearray()
         self.info_end = array("q")  # end of each result's entry, counted from the first entry
         self.schemas: list[tuple[tuple[str, ...], tuple[bool, ...]]] = []
         self._schema_ids: dict[tuple[tuple[str, ...], tuple[bool, ...]], int] = {}
@@ -168,28 +176,41 @@ class ProfileState:
         self.res_agent.extend([name_id(agent) for agent in agents])
         self.pool.extend(chain.from_iterable([record.values for record in records]))
         infos = [record.info for record in records]
-        base = self.info_taken + len(self.info_pool)
+        base = self.info_size
         self.info_pool += b"".join(infos)
         self.info_end.extend(islice(accumulate(map(len, infos), initial=base), 1, None))
 
     def take_infos(self) -> bytes:
         """Hand over the ``rollout_infos`` entries held so far (a caller keeps them on disk);
         offsets stay as they were, so :meth:`merge` needs them back as ``taken_infos``."""
-        taken = bytes(self.info_pool)
+        taken = b"".join([*self.info_held, self.info_pool])
         self.info_taken += len(taken)
-        self.info_pool = bytearray()
+        self.info_held, self.info_pool = [], bytearray()
         return taken
 
-    def merge(self, other: ProfileState, locator_shift: int = 0, taken_infos: bytes = b"") -> None:
+    @property
+    def info_size(self) -> int:
+        """Bytes of ``rollout_infos`` entries recorded (taken ones included): the next offset."""
+        return self.info_taken + sum(map(len, self.info_held)) + len(self.info_pool)
+
+    def info_segments(self) -> list[InfoBytes]:
+        """The entries held, in offset order, from offset ``info_taken``."""
+        return [*self.info_held, self.info_pool]
+
+    def merge(
+        self, other: ProfileState, locator_shift: int = 0, taken_infos: InfoBytes = b""
+    ) -> None:
         """Fold another state (e.g. another shard's) into this one.
 
         ``locator_shift`` is added to the other's locators, so parts whose ``sample`` rows live
         in different files can say which file (see :data:`LOCATOR_BITS`). ``taken_infos`` are
-        the other's entries given away by :meth:`take_infos`, its first ``info_taken`` bytes.
+        the other's entries given away by :meth:`take_infos`, its first ``info_taken`` bytes:
+        they are held, not copied (a snapshot merges ~100 MB of them: copies cost fresh pages).
+        The other's own pool is copied: it may keep growing.
         """
         if len(taken_infos) != other.info_taken:
             raise ValueError(f"merge needs {other.info_taken} bytes of taken rollout infos")
-        info_base = self.info_taken + len(self.info_pool)
+        info_base = self.info_size
         remap = np.array([self._name_id(n) for n in other.names] + [_NO_NAME], dtype=np.int32)
         pairs = (
             (self.in_agent, other.in_agent),
@@ -218,8 +239,11 @@ class ProfileState:
         self.res_schema.extend(array("i", mapped.tobytes()))
         self.res_masked.extend(other.res_masked)
         self.pool.extend(other.pool)
-        self.info_pool += taken_infos
-        self.info_pool += other.info_pool
+        if self.info_pool:  # own entries come first: move them where the held ones go
+            self.info_held.append(self.info_pool)
+            self.info_pool = bytearray()
+        held = [taken_infos, *other.info_held, bytes(other.info_pool)]
+        self.info_held += [segment for segment in held if len(segment)]
         shifted = np.frombuffer(other.info_end, np.int64) + info_base
         self.info_end.extend(array("q", shifted.tobytes()))
         # live stats are not merged: the merged results are folded from their values instead
@@ -272,5 +296,7 @@ class ProfileState:
 
     @staticmethod
     def column(buf: array[Any]) -> npt.NDArray[Any]:
-        """A numpy copy of a typed buffer (a copy, so the buffer can keep growing)."""
-        return np.frombuffer(buf, dtype=_DTYPES[buf.typecode]).copy()
+        """A read-only numpy view of a typed buffer, not a copy (a profile's build reads ~60 MB
+        of them: copies cost fresh pages). The buffer cannot grow while a view of it lives
+        (``BufferError``), so use a view at once and keep only what is derived from it."""
+        return np.frombuffer(buf, dtype=_DTYPES[buf.typecode])

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import mmap
 import pickle
 from pathlib import Path
 
 import pytest
 
+from processors.profile import build_profile
 from processors.records import extract_result
 from processors.runs import Part, merge_parts
 from rewardstream.contract import Input, Rollout
 from rewardstream.errors import InvalidRow
+from sinks.files import task_lines
 
 
 def _result(task: int, rollout: int) -> dict[str, float | int]:
@@ -55,8 +58,12 @@ def test_rollout_infos_moved_to_the_spill_come_back_in_the_profile(
         spilled.add_rollout(_rollout(task, rollout))
     assert spilled.state.info_taken > 0
     whole, parted = merge_parts([inputs, held]), merge_parts([inputs, spilled])
-    assert bytes(parted.state.info_pool) == bytes(whole.state.info_pool)
+    assert b"".join(parted.state.info_segments()) == b"".join(whole.state.info_segments())
     assert parted.state.info_end == whole.state.info_end
+    assert any(isinstance(s, mmap.mmap) for s in parted.state.info_segments())  # held, not read
+    built = [build_profile(m.state, allow_partial=True).task_rows for m in (whole, parted)]
+    assert list(task_lines(built[0], whole.sample)) == list(task_lines(built[1], parted.sample))
+    assert len(built[0]) == 5
 
 
 def test_a_rejected_row_leaves_its_key_free_for_a_good_copy(tmp_path: Path) -> None:
