@@ -1,0 +1,82 @@
+"""Task rows are rendered from byte templates and bulk-formatted numbers: they must be exactly
+the bytes orjson writes for the same values (what NeMo Gym writes, spec §2.8)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processors.profile import _tokens, build_profile
+from processors.state import ProfileState
+from tests.test_state import Rows, collections, state_of
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64)))
+def test_float_tokens_are_what_orjson_writes_for_each_float(values: list[float]) -> None:
+    assert _tokens(np.array(values, dtype=np.float64)) == [orjson.dumps(v) for v in values]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1)))
+def test_int_tokens_are_what_orjson_writes_for_each_int(values: list[int]) -> None:
+    assert _tokens(np.array(values, dtype=np.int64)) == [orjson.dumps(v) for v in values]
+
+
+def _lines(rows: Rows, results: Rows) -> list[bytes]:
+    state = state_of(rows, results)
+    profile = build_profile(state, allow_partial=True)
+    return [row.render(b'{"s":1}') for row in profile.task_rows]
+
+
+@settings(max_examples=100, deadline=None)
+@given(collections())
+def test_every_line_is_orjsons_own_form_of_itself(data: tuple[Rows, Rows]) -> None:
+    """Missing stats (omitted keys), bools, ints-only frames, several agents: any mix."""
+    for line in _lines(*data):
+        assert line.endswith(b"}\n")
+        assert orjson.dumps(orjson.loads(line)) == line[:-1]
+
+
+def test_odd_column_names_and_ints_at_int64s_end_render_like_a_dict() -> None:
+    rows = [{"_ng_task_index": 0, "_ng_rollout_index": r} for r in range(2)]
+    odd = 'a%sb"%d\\ü'  # a template's own syntax, JSON escapes, non-ASCII
+    results = [
+        {"reward": 2**63 - 1, odd: 1, "_ng_task_index": 0, "_ng_rollout_index": 0},
+        {"reward": 3, odd: 2, "_ng_task_index": 0, "_ng_rollout_index": 1},
+    ]
+    (line,) = _lines(rows, results)
+    row: dict[str, Any] = orjson.loads(line)
+    assert orjson.dumps(row) == line[:-1]
+    # an all-int frame writes max and min as ints, from their float64 values (2**63 here)
+    assert row["max/reward"] == 2**63 and row["min/reward"] == 3
+    assert (row[f"mean/{odd}"], row[f"max/{odd}"]) == (1.5, 2)
+    assert list(row)[:2] == ["_ng_task_index", "mean/reward"]
+    assert list(row)[-6:] == [
+        "sample",
+        "num_rollouts",
+        "expected_num_rollouts",
+        "missing_num_rollouts",
+        "reward_profile_completion_pct",
+        "rollout_infos",
+    ]
+
+
+def test_no_numeric_column_renders_the_counts_only() -> None:
+    state = ProfileState()
+    state.add_input({"_ng_task_index": 5, "_ng_rollout_index": 0}, 0, 0)
+    state.add_result({"text": "x", "_ng_task_index": 5, "_ng_rollout_index": 0})
+    (row,) = build_profile(state).task_rows
+    assert orjson.loads(row.render(b"{}")) == {
+        "_ng_task_index": 5,
+        "sample": {},
+        "num_rollouts": 1,
+        "expected_num_rollouts": 1,
+        "missing_num_rollouts": 0,
+        "reward_profile_completion_pct": 100.0,
+        "rollout_infos": [{"rollout_id": "5:0", "_ng_task_index": 5, "_ng_rollout_index": 0}],
+    }
