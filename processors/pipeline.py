@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -21,7 +21,16 @@ from pydantic import ValidationError
 
 from processors.checkpoint import CheckpointStore, Manifest
 from processors.profile import build_profile
-from processors.runs import Counts, Merged, Part, Run, Unit, merge_parts
+from processors.runs import (
+    Counts,
+    Merged,
+    Part,
+    PartCounts,
+    Run,
+    Unit,
+    merge_parts,
+    tasks_by_part,
+)
 from processors.state import row_key, row_names
 from rewardstream.contract import (
     RejectReason,
@@ -138,12 +147,15 @@ class Pipeline:
         return mark
 
     def _read_mark(self, run: Run) -> None:
-        """A final mark makes the run done, with the counts its profile was written with: a
-        processor that restarts from a checkpoint older than the final profile re-reads events
-        the profile holds, and must not report the run as short of them."""
+        """A final mark makes the run done, with the counts its profile was written with, in
+        all and per unit: a processor that restarts from a checkpoint older than the final
+        profile re-reads events the profile holds, and must count them neither as missing nor
+        as duplicates (:meth:`Part.retire`)."""
         mark = self._mark(run.run_id)
         if mark is not None:
             run.done, run.written = True, Counts(mark["inputs"], mark["rollouts"])
+            units = mark.get("units", {})  # absent from the marks of versions before it
+            run.written_units = {name: PartCounts(*counts) for name, counts in units.items()}
 
     def unit(self, name: str) -> Unit:
         """The owned unit ``name``, created empty if new."""
@@ -216,7 +228,8 @@ class Pipeline:
                 row_key(ev_in.row)  # a bad row must not create its run or part
                 row_names(ev_in.row)
                 part = self._part(unit or "input-0", ev_in.run_id)
-                if not part.add_input(ev_in) and self.metrics:
+                before = part.duplicates
+                if not part.add_input(ev_in) and self.metrics and part.duplicates > before:
                     self.metrics.duplicates.labels(kind).inc()
                 run_id = ev_in.run_id
             elif kind == "rollout":
@@ -256,11 +269,13 @@ class Pipeline:
         for event in events:  # a batch is one run's, but topics are shared
             by_run.setdefault(event.run_id, []).append(event)
         for run_id, mine in by_run.items():
-            new = self._part(unit, run_id).add_rollouts(mine)
+            part = self._part(unit, run_id)
+            before = part.duplicates
+            new = part.add_rollouts(mine)
             if self.metrics:
                 self.metrics.rollouts(new)
-                if len(new) < len(mine):
-                    self.metrics.duplicates.labels("rollout").inc(len(mine) - len(new))
+                if part.duplicates > before:  # replays (Part.retire) are not duplicates
+                    self.metrics.duplicates.labels("rollout").inc(part.duplicates - before)
         return [self.run(run_id) for run_id in by_run]
 
     def _announced(self, run_id: str) -> bool:
@@ -297,14 +312,15 @@ class Pipeline:
                 _malloc_trim(0)
 
     # -- profiles -----------------------------------------------------------------------------
-    def _all_parts(self, run: Run, own: list[Part]) -> Iterator[Part]:
-        """The run's parts: ``own`` (this pipeline's) then the peers', from their checkpoints."""
-        yield from own
+    def _all_parts(self, run: Run) -> dict[str, Part]:
+        """The run's parts by unit: this pipeline's, then the peers', from their checkpoints."""
+        parts = dict(run.parts)
         if self.peers is not None:
             for name in run.foreign:
                 unit = self.peers.load(name)
                 if unit is not None and run.run_id in unit.parts:
-                    yield unit.parts[run.run_id]
+                    parts[name] = unit.parts[run.run_id]
+        return parts
 
     def snapshot_source(self, run_id: str) -> SnapshotSource:
         """The run's parts merged (own and peers'), with the offsets they cover.
@@ -313,7 +329,7 @@ class Pipeline:
         child (:class:`processors.snapshot.SnapshotJob`). Raises KeyError for an unknown run.
         """
         run = self.runs[run_id]
-        merged = merge_parts(self._all_parts(run, list(run.parts.values())))
+        merged = merge_parts(self._all_parts(run).values())
         return SnapshotSource(merged, self.positions(), self.paths(run), self.output_dir)
 
     def paths(self, run: Run) -> ProfilePaths:
@@ -345,7 +361,7 @@ class Pipeline:
         paths.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
         run.done = True
         try:
-            self._write_final(run, paths, partial)
+            run.written_units = self._write_final(run, paths, partial)
         except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
             run.error = str(exc)
             log.error("run %s: no final profile: %s", run.run_id, exc)
@@ -353,16 +369,24 @@ class Pipeline:
         run.written = Counts(run.inputs, run.rollouts)
         mark = self._final_mark(run.run_id)
         mark.parent.mkdir(parents=True, exist_ok=True)
-        fields = {"file": paths.reward_profiling.name} | run.written._asdict()
+        units = {name: list(counts) for name, counts in run.written_units.items()}
+        fields = {"file": paths.reward_profiling.name} | run.written._asdict() | {"units": units}
         mark.write_bytes(orjson.dumps(fields))
         log.info("run %s: final profile written to %s", run.run_id, paths.reward_profiling)
         self.evict(run)
         return paths
 
-    def _write_final(self, run: Run, paths: ProfilePaths, partial: bool) -> None:
-        """Merge the run's parts and write the profile (the merged copy is freed on return)."""
-        merged = merge_parts(self._all_parts(run, list(run.parts.values())))
+    def _write_final(self, run: Run, paths: ProfilePaths, partial: bool) -> dict[str, PartCounts]:
+        """Merge the run's parts and write the profile (the merged copy is freed on return);
+        returns what it holds of each unit."""
+        parts = self._all_parts(run)
+        merged = merge_parts(parts.values())
         write_profile(build_profile(merged.state, partial), paths, merged.sample)
+        tasks = tasks_by_part(parts)
+        return {
+            name: PartCounts(part.inputs, part.rollouts, part.duplicates, tasks.get(name, 0))
+            for name, part in parts.items()
+        }
 
     def final_paths(self, run_id: str) -> ProfilePaths | None:
         """The run's final profile files (named by its final mark), None until written."""

@@ -36,7 +36,18 @@ from processors.welford import RunningStats
 from rewardstream.contract import Input, Rollout, RunStarted
 from rewardstream.errors import InvalidRow
 
-__all__ = ["Counts", "Final", "Merged", "Part", "Run", "Spill", "Unit", "merge_parts"]
+__all__ = [
+    "Counts",
+    "Final",
+    "Merged",
+    "Part",
+    "PartCounts",
+    "Run",
+    "Spill",
+    "Unit",
+    "merge_parts",
+    "tasks_by_part",
+]
 
 
 class Spill:
@@ -142,6 +153,21 @@ class _EveryKey:
         return False
 
 
+class PartCounts(NamedTuple):
+    """What a run's final profile holds of one unit: counted events and completed tasks (the
+    final mark records them per unit, see :meth:`Part.retire`)."""
+
+    inputs: int
+    rollouts: int
+    duplicates: int
+    tasks: int
+
+    @property
+    def events(self) -> int:
+        """Events of the run the unit had consumed: each is an input, a rollout or a duplicate."""
+        return self.inputs + self.rollouts + self.duplicates
+
+
 class Final(NamedTuple):
     """What a part keeps once its run's final profile is written: its counts (``/runs``,
     manifests, completion), the tasks it completed and its live moments (metrics)."""
@@ -163,6 +189,7 @@ class Part:
     """
 
     final: Final | None = None  # set by retire(); a class default for older checkpoints
+    replays = 0  # events still to come that the run's final profile holds (see retire())
 
     def __init__(self, spill_path: Path) -> None:
         self.state = ProfileState()
@@ -188,12 +215,22 @@ class Part:
         """Per-agent running moments (as they were at retirement, once retired)."""
         return self.state.live() if self.final is None else self.final.live
 
-    def retire(self, tasks: int) -> None:
+    def retire(self, tasks: int, written: PartCounts | None = None) -> None:
         """Drop the state, keys and spill file (the run's final profile is written): keep the
-        counts, the ``tasks`` it completed and its live moments; later events are duplicates."""
+        counts, the ``tasks`` it completed and its live moments; later events are duplicates.
+
+        ``written`` is what the final profile holds of this unit. When that is more than this
+        part holds (it was loaded from a checkpoint older than the profile: its owner was
+        killed in between), it becomes the part's counts, and the events in between, which
+        the unit replays next, are *replays*: already counted, neither new nor duplicates.
+        """
         if self.final is not None:
             return
-        self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
+        counts = PartCounts(self.inputs, self.rollouts, self.duplicates, tasks)
+        if written is not None and written.events > counts.events:
+            self.replays, counts = written.events - counts.events, written
+        self.duplicates = counts.duplicates
+        self.final = Final(counts.inputs, counts.rollouts, counts.tasks, self.state.live())
         self.state, self._keys = ProfileState(), _EveryKey()
         self.close()
         self.spill = None
@@ -205,7 +242,7 @@ class Part:
         row = event.row
         key = row_key(row)
         if key in self._keys:
-            self.duplicates += 1
+            self._seen(1)
             return False
         sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
         try:
@@ -227,7 +264,7 @@ class Part:
         duplicates)."""
         add = self._keys.add
         new = [event for event in events if add(event.task, event.rollout)]
-        self.duplicates += len(events) - len(new)
+        self._seen(len(events) - len(new))
         if new:
             self.state.add_records(
                 [event.task for event in new],
@@ -238,6 +275,12 @@ class Part:
             if len(self.state.info_pool) >= _INFO_CHUNK:
                 self._spill().append(self.state.take_infos())
         return new
+
+    def _seen(self, n: int) -> None:
+        """Count ``n`` events seen before: replays first (see :meth:`retire`), then duplicates."""
+        replayed = min(n, self.replays)
+        self.replays -= replayed
+        self.duplicates += n - replayed
 
     def taken_infos(self) -> InfoBytes:
         """The ``rollout_infos`` entries moved to the spill (what :meth:`ProfileState.merge`
@@ -299,6 +342,7 @@ class Run:
         self.finish_at: dict[str, int] | None = {}
         self.done = False  # the final profile was written (here or by another processor)
         self.written: Counts | None = None  # the counts it was written with, once done
+        self.written_units: dict[str, PartCounts] = {}  # and what it holds of each unit
         self.error: str | None = None
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
         self.foreign: dict[str, Counts] = {}  # unit name -> counts, units other processors own
@@ -353,33 +397,37 @@ class Run:
         return retired + sum(self._tasks_by_part().values())
 
     def _tasks_by_part(self) -> dict[str, int]:
-        """The complete tasks (see :meth:`tasks_complete`) of the parts not retired, each
-        counted in the first part holding its results (a retired part keeps its count)."""
-        live = {n: p.state for n, p in self.parts.items() if p.final is None}
-        if not live:  # a done run: every scrape of every run ever profiled comes here
-            return {}
-        empty = np.zeros(0, dtype=np.int64)
-        columns = [ProfileState.column(s.in_task) for s in live.values()]
-        tasks, rows = np.unique(np.concatenate([empty, *columns]), return_counts=True)
-        columns = [ProfileState.column(s.res_task) for s in live.values()]
-        res_tasks, results = np.unique(np.concatenate([empty, *columns]), return_counts=True)
-        both, at_in, at_res = np.intersect1d(
-            tasks, res_tasks, assume_unique=True, return_indices=True
-        )
-        left = both[rows[at_in] == results[at_res]]
-        out = {}
-        for name, state in live.items():
-            held = np.intersect1d(left, ProfileState.column(state.res_task))
-            out[name] = len(held)
-            left = np.setdiff1d(left, held, assume_unique=True)
-        return out
+        """The complete tasks (see :meth:`tasks_complete`) of the parts not retired (a retired
+        part keeps its count)."""
+        return tasks_by_part({n: p for n, p in self.parts.items() if p.final is None})
 
     def retire(self) -> list[str]:
         """Retire this process's parts (the final profile is written); returns their units."""
         tasks = self._tasks_by_part()
         for name, count in tasks.items():
-            self.parts[name].retire(count)
+            self.parts[name].retire(count, self.written_units.get(name))
         return list(tasks)
+
+
+def tasks_by_part(parts: dict[str, Part]) -> dict[str, int]:
+    """Per part, the tasks with every input row's rollout, each counted in the first part
+    holding its results (a task's events are in one unit of each topic)."""
+    live = {n: p.state for n, p in parts.items()}
+    if not live:  # a done run: every scrape of every run ever profiled comes here
+        return {}
+    empty = np.zeros(0, dtype=np.int64)
+    columns = [ProfileState.column(s.in_task) for s in live.values()]
+    tasks, rows = np.unique(np.concatenate([empty, *columns]), return_counts=True)
+    columns = [ProfileState.column(s.res_task) for s in live.values()]
+    res_tasks, results = np.unique(np.concatenate([empty, *columns]), return_counts=True)
+    both, at_in, at_res = np.intersect1d(tasks, res_tasks, assume_unique=True, return_indices=True)
+    left = both[rows[at_in] == results[at_res]]
+    out = {}
+    for name, state in live.items():
+        held = np.intersect1d(left, ProfileState.column(state.res_task))
+        out[name] = len(held)
+        left = np.setdiff1d(left, held, assume_unique=True)
+    return out
 
 
 class Merged(NamedTuple):

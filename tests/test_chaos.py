@@ -58,8 +58,9 @@ def test_a_restart_from_a_checkpoint_older_than_the_final_keeps_the_run_whole(
     tmp_path: Path,
 ) -> None:
     """What ``kill -9`` after the final profile but before the next checkpoint leaves
-    (``kill-processor`` seed 15, RELIABILITY.md): the restarted processor must not report the
-    run short of the rollouts its profile holds."""
+    (``kill-processor`` seed 15, ``group-rebalance`` seed 9, RELIABILITY.md): the restarted
+    processor must report the run neither short of the rollouts its profile holds, nor
+    holding their replay as duplicates, in all and per unit."""
     data, out = tmp_path / "data", tmp_path / "out"
     generate(tasks=20, repeats=2, out=data / "r", text_bytes=50, seed=2)
     *body, started = file_events(
@@ -84,4 +85,9 @@ def test_a_restart_from_a_checkpoint_older_than_the_final_keeps_the_run_whole(
         for kind, raw in [started, *body[cut:]]:  # the replay after the checkpoint
             second.handle(kind, raw)
         run = second.runs["run"]
-        assert (run.done, run.rollouts, run.inputs) == (True, 40, 40)
+        assert (run.done, run.rollouts, run.inputs, run.duplicates) == (True, 40, 40, 0)
+        parts = second.units["input-0"].parts["run"], second.units["rollout-0"].parts["run"]
+        assert [(p.inputs, p.rollouts) for p in parts] == [(40, 0), (0, 40)]
+        for kind, raw in body:  # republished: every event now a duplicate
+            second.handle(kind, raw)
+        assert (run.rollouts, run.inputs, run.duplicates) == (40, 40, len(body))
