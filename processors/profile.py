@@ -612,10 +612,10 @@ def _agent_metrics(
     agent_metrics: list[dict[str, Any]] = []
     repeat_metrics: list[dict[str, Any]] = []
     one = np.zeros(1, dtype=np.int64)
+    keys = _StatKeys.of(r.frame.columns, r.frame.all_int)
     for lab in sorted(set(r.label[r.label >= 0].tolist()), key=names.__getitem__):
         rows = np.flatnonzero(r.label == lab)
         stats = _describe_segments(r.frame.values, rows, one, np.array([len(rows)]))
-        keys = _StatKeys.of(r.frame.columns, r.frame.all_int)
         entry = keys.row(_stat_table(stats)[0].tolist())
         entry["agent_ref"] = {"name": names[lab]}
         if len(np.unique(r.rollout[rows])) > 1:

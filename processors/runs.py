@@ -55,9 +55,9 @@ class Spill:
     of input parts, ``rollout_infos`` entries of rollout parts, which memory need not hold.
 
     Writes are unbuffered and reads go through a memory map of what was written, so a snapshot
-    (or another processor) can read while the owner keeps appending. Only
-    the owner writes: a spill unpickled from a checkpoint is read-only until :meth:`claim` cuts
-    it back to the checkpointed length.
+    (or another processor) can read while the owner keeps appending. Only the owner writes: a
+    spill unpickled from a checkpoint is read-only until :meth:`claim` cuts it back to the
+    checkpointed length.
     """
 
     def __init__(self, path: Path, size: int = 0, owner: bool = True) -> None:

@@ -30,10 +30,10 @@ LOCATOR_BITS = 40
 """Merged parts tag their locators with ``part << LOCATOR_BITS`` (offsets stay below 1 TiB)."""
 
 _NO_NAME = -1
+_DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
 
 InfoBytes = bytes | bytearray | mmap.mmap
 """Serialized ``rollout_infos`` entries: in memory, or a spill file's memory map."""
-_DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
 
 
 def _shown(value: Any) -> str:
