@@ -1,4 +1,6 @@
-"""The shared NeMo Gym goldens (``../shared/golden``) as test cases."""
+"""The NeMo Gym goldens (``tests/data/golden``, a copy of the project's shared goldens: their
+README says where each file comes from) as test cases; ``REWARDSTREAM_GOLDEN`` points
+elsewhere."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from rewardstream.cli import ng_reward_profile
 from rewardstream.contract import RunFinished, RunStarted, encode
 
 GOLDEN = Path(
-    os.environ.get("REWARDSTREAM_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden")
+    os.environ.get("REWARDSTREAM_GOLDEN", Path(__file__).resolve().parent / "data" / "golden")
 )
 OUTPUT_SUFFIXES = ("_reward_profiling.jsonl", "_agent_metrics.json", "_repeat_level_metrics.json")
 
