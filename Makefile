@@ -24,7 +24,9 @@ kafka-jars: install system-deps
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 unit: install
 	$(BIN)/pytest -q -m "not kafka"

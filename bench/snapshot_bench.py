@@ -85,7 +85,7 @@ def main() -> None:
 
 async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int, out: Path) -> None:
     port = free_port()
-    runner = await serve(make_app(pipeline, None), "127.0.0.1", port)
+    runner, _ = await serve(make_app(pipeline, None), "127.0.0.1", port)
     cli = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--run-id", "run"]
     cli += ["--url", f"http://127.0.0.1:{port}", "--out", str(out)]
     try:

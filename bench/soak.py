@@ -246,7 +246,9 @@ class Sampler:
 
 @dataclass
 class Checker:
-    """Notices each final profile (its final mark), checks it and frees its disk."""
+    """Notices each final profile (its mirror in the processor's --output-dir: the three
+    files are renamed in place in order, so the last one says all are), checks it and frees
+    its disk."""
 
     plan: Plan
     out: Path
@@ -257,7 +259,8 @@ class Checker:
 
     def poll(self, published: int) -> None:
         for k in range(published):
-            if k not in self.done_at and (self.out / self.plan.run_id(k) / ".state/final").exists():
+            mirror = ProfilePaths.next_to(self.out / self.plan.run_id(k) / f"{STEM}.jsonl")
+            if k not in self.done_at and mirror.repeat_level_metrics.exists():
                 self.check(k)
                 self.done_at[k] = time.monotonic() - self.started
                 self.last = time.monotonic()

@@ -8,9 +8,9 @@ Generates a collection (bench/generate.py) and writes its events to fresh topics
    row and every rollout, and is timed from partition assignment until the run's final profile
    is written (consume + decode + dedupe + fold + final build and write);
 2. **rollouts**: the production shape, where a collection's inputs arrive before its rollouts:
-   a first processor consumes the inputs and checkpoints; the rollouts are then pre-filled and a
-   second processor, resuming from that checkpoint, is timed from assignment until it has
-   consumed the last rollout (before the final profile; its write is reported on its own).
+   a processor on topics holding both consumes the inputs with the rollouts partition paused,
+   then is timed from its resumption until it has folded the last rollout (before the final
+   profile; its write is reported on its own).
 
 Without ``--bootstrap`` it starts its own broker from the Maven jars.
 """
@@ -21,9 +21,8 @@ import argparse
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from aiokafka import AIOKafkaProducer
 
@@ -49,41 +48,22 @@ async def prefill(bootstrap: str, topics: Topics, events: list[WireEvent]) -> No
         await producer.stop()
 
 
-class Timing(NamedTuple):
-    """Seconds from partition assignment to ``done``, this process's CPU seconds in that time
-    (the processor's, robust to other jobs on the machine), and seconds to the final profile."""
-
-    seconds: float
-    cpu: float
-    final: float
-
-
-async def run_until(
-    processor: StreamProcessor,
-    done: Callable[[Run], bool],
-    then: Callable[[], Awaitable[None]] | None = None,
-) -> Timing:
-    """Run ``processor`` until ``done(run)``; with ``then``, run it and wait for the final
-    profile."""
+async def run_until(processor: StreamProcessor, done: Callable[[Run], bool]) -> tuple[float, float]:
+    """Run ``processor`` until ``done(run)``: seconds from partition assignment (the end of
+    the group join), and this process's CPU seconds in that time (the processor's, robust to
+    other jobs on the machine)."""
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
-    while processor.assigned_at is None:  # timed from the end of the group join
+    while processor.assigned_at is None:
         await asyncio.sleep(0.001)
     first, cpu = processor.assigned_at, time.process_time()
     runs = processor.pipeline.runs
     while not ("run" in runs and done(runs["run"])):
         await asyncio.sleep(0.002)
-    consumed = written = time.monotonic()
-    cpu = time.process_time() - cpu
-    if then is not None:
-        await then()
-        consumed = time.monotonic()
-        while not runs["run"].done:
-            await asyncio.sleep(0.002)
-        written = time.monotonic()
+    seconds, cpu = time.monotonic() - first, time.process_time() - cpu
     stop.set()
     await task
-    return Timing(consumed - first, cpu, written - consumed)
+    return seconds, cpu
 
 
 async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
@@ -98,7 +78,7 @@ async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
     topics = Topics.for_prefix(f"bench-{uuid.uuid4().hex[:8]}")
     await prefill(bootstrap, topics, [*inputs, *rollouts, control])
     mixed = StreamProcessor(bootstrap, work / "mixed", topics, checkpoint_every=1e9)
-    seconds, cpu, _ = await run_until(mixed, lambda run: run.done)
+    seconds, cpu = await run_until(mixed, lambda run: run.done)
     print(
         f"mixed: {n:,} rollouts + {len(inputs):,} inputs consumed, folded, final profile "
         f"written in {seconds:.2f} s = {n / seconds:,.0f} rollouts/s "
@@ -108,18 +88,37 @@ async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
     # run_started comes last here, so the run cannot complete (and be written) while the
     # rollouts are folded: the fold is timed alone, the final profile after it
     topics = Topics.for_prefix(f"bench-{uuid.uuid4().hex[:8]}")
-    await prefill(bootstrap, topics, inputs)
-    first = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
-    await run_until(first, lambda run: run.inputs == len(inputs))  # checkpointed on stop
-    await prefill(bootstrap, topics, rollouts)
-    second = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
-    seconds, cpu, final = await run_until(
-        second, lambda run: run.local_rollouts == n, lambda: prefill(bootstrap, topics, [control])
-    )
+    await prefill(bootstrap, topics, [*inputs, *rollouts])
+    processor = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
+    stop = asyncio.Event()
+    task = asyncio.create_task(processor.run(stop))
+    while processor.assigned_at is None:
+        await asyncio.sleep(0.001)
+    data = processor._data
+    assert data is not None
+    held = [tp for tp in data.assignment() if tp.topic == topics.rollouts]
+    data.pause(*held)
+    runs = processor.pipeline.runs
+    while not ("run" in runs and runs["run"].inputs == len(inputs)):
+        await asyncio.sleep(0.002)
+    early = runs["run"].local_rollouts  # fetched before the pause took: not timed
+    first, cpu = time.monotonic(), time.process_time()
+    data.resume(*held)
+    while runs["run"].local_rollouts < n:
+        await asyncio.sleep(0.002)
+    seconds, cpu = time.monotonic() - first, time.process_time() - cpu
+    await prefill(bootstrap, topics, [control])
+    written = time.monotonic()
+    while not runs["run"].done:
+        await asyncio.sleep(0.002)
+    final = time.monotonic() - written
+    stop.set()
+    await task
+    folded = n - early
     print(
-        f"rollouts: {n:,} consumed and folded in {seconds:.2f} s = {n / seconds:,.0f} "
-        f"rollouts/s (CPU {cpu:.2f} s = {cpu / n * 1e6:.1f} us per rollout); final profile "
-        f"written {final:.2f} s later"
+        f"rollouts: {folded:,} consumed and folded in {seconds:.2f} s = {folded / seconds:,.0f} "
+        f"rollouts/s (CPU {cpu:.2f} s = {cpu / folded * 1e6:.1f} us per rollout); final "
+        f"profile written {final:.2f} s later"
     )
 
 

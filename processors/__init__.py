@@ -1,8 +1,17 @@
-"""The pure profile core: state, numeric kernels and profile building (no I/O, no framework).
+"""Per-task and per-agent statistics, kept incrementally, in three layers (imports run down
+only; ``lint-imports`` checks it, see pyproject.toml):
 
-The batch command, the in-process pipeline and the Kafka processor all share it. Names load on
-first use, so a light submodule (``processors.records``) imports without numpy: command-line
-start-up counts in a snapshot's latency.
+- the pure core, no I/O: ``state`` (mergeable store), ``records``, ``kernels``, ``welford``,
+  ``profile`` (the three outputs); the batch command, the in-process pipeline and the Kafka
+  processor all share it;
+- the engine, which decides and does no I/O of its own: ``runs`` (runs, parts, dedupe),
+  ``pipeline`` (events to parts, when a run is ready, what a replay skips), ``partwire`` (parts
+  as versioned bytes);
+- adapters, which act: ``stream`` (Kafka), ``http``, ``snapshot`` (forked builders),
+  ``inprocess`` (the embedded transport).
+
+Names load on first use, so a light submodule (``processors.records``) imports without numpy:
+command-line start-up counts in a snapshot's latency.
 """
 
 from __future__ import annotations

@@ -1,24 +1,45 @@
-"""The processor's HTTP endpoint: health, runs, and consistent partial-profile snapshots.
+"""The processor's HTTP endpoint: health, runs, metrics, snapshots, and parts for its peers.
 
-Binds 127.0.0.1 unless told otherwise. A snapshot is built by forked children from the run's
-state as it is at the request, so ingestion keeps running while it is taken; the files stream
-back in the response body as they render (the server never writes where a client asks).
+Binds 127.0.0.1 unless told otherwise. A snapshot covers the whole run: the parts of units
+owned elsewhere are fetched from their owners (``GET /parts/<run_id>``, found through the
+group's member records), then forked children build the profile from the state as it is at
+that moment, so ingestion keeps running while it is taken; the files stream back in the
+response body as they render (the server never writes where a client asks).
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Protocol
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from processors.partwire import PART_LIST_TYPE, encode_answer
 from processors.pipeline import Pipeline
+from processors.runs import PartView
 from processors.snapshot import SnapshotJob
+from rewardstream.errors import RewardstreamError
+from sinks.files import ProfilePaths
 from sinks.snapshot_wire import MEDIA_TYPE, SnapshotError
 
-__all__ = ["make_app", "serve"]
+__all__ = ["Peers", "make_app", "serve"]
 
 
 MAX_BODY_BYTES = 1 << 20
+
+
+class Peers(Protocol):
+    """What the endpoint needs of the processor around it (none in process)."""
+
+    def identity(self) -> dict[str, str]: ...
+
+    def gather(
+        self, run_id: str, at_least: dict[str, int] | None = None
+    ) -> Awaitable[tuple[dict[str, PartView], dict[str, int]]]: ...
+
+    def final_files(self, run_id: str) -> Awaitable[ProfilePaths]: ...
 
 
 @web.middleware
@@ -30,8 +51,10 @@ async def _bounded_body(request: web.Request, handler: Handler) -> web.StreamRes
     return await handler(request)
 
 
-def make_app(pipeline: Pipeline, registry: CollectorRegistry | None) -> web.Application:
-    """Health, ``/runs``, snapshots of ``pipeline`` and the metrics in ``registry``."""
+def make_app(
+    pipeline: Pipeline, registry: CollectorRegistry | None, peers: Peers | None = None
+) -> web.Application:
+    """Health, ``/runs``, snapshots and parts of ``pipeline``, the metrics in ``registry``."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry) if registry is not None else b""
@@ -51,18 +74,50 @@ def make_app(pipeline: Pipeline, registry: CollectorRegistry | None) -> web.Appl
                     "expected_rollouts": t.expected,
                     "finished": t.finished,
                     "done": t.done,
+                    "state": _state(t.terminal is not None and t.terminal.evicted, t.done),
                     "duplicates": t.duplicates,
+                    "replays": t.replays,
                 }
                 for t in pipeline.runs.values()
             ]
         )
 
+    async def parts(request: web.Request) -> web.Response:
+        """This processor's parts of a run, for a peer's snapshot or final profile, with the
+        position of every unit it owns (a unit without a part of the run still counts)."""
+        run_id = request.match_info["run_id"]
+        mine = peers.identity() if peers is not None else {}
+        for key, value in mine.items():
+            if request.query.get(key) != value:
+                raise web.HTTPConflict(
+                    text=f"parts asked for {key} {request.query.get(key)!r}; this processor's "
+                    f"{key} is {value!r}"
+                )
+        run = pipeline.runs.get(run_id)
+        held = {} if run is None or run.terminal is not None else run.parts
+        positions = {name: unit.position for name, unit in pipeline.units.items()}
+        identity = {**mine, "run_id": run_id}
+        body = encode_answer(
+            positions, [(name, part, identity) for name, part in sorted(held.items())]
+        )
+        return web.Response(body=body, headers={"Content-Type": PART_LIST_TYPE})
+
     async def snapshot(request: web.Request) -> web.StreamResponse:
         run_id = request.match_info["run_id"]
+        run = pipeline.runs.get(run_id)
+        if run is None:
+            raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}")
+        received: dict[str, PartView] = {}
+        offsets: dict[str, int] = {}
+        final = None
         try:
-            stream = SnapshotJob(pipeline, run_id).stream()
-        except KeyError:
-            raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}") from None
+            if run.terminal is not None and peers is not None:
+                final = await peers.final_files(run_id)
+            elif peers is not None:
+                received, offsets = await peers.gather(run_id)
+        except RewardstreamError as exc:
+            raise web.HTTPServiceUnavailable(text=f"snapshot of run {run_id!r}: {exc}") from None
+        stream = SnapshotJob(pipeline, run_id, received, offsets, final).stream()
         try:
             try:
                 head = await anext(stream)
@@ -82,13 +137,23 @@ def make_app(pipeline: Pipeline, registry: CollectorRegistry | None) -> web.Appl
     app.router.add_get("/healthz", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/runs", runs)
+    app.router.add_get("/parts/{run_id}", parts)
     app.router.add_post("/runs/{run_id}/snapshot", snapshot)
     return app
 
 
-async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Start serving ``app``; stop with ``await runner.cleanup()``."""
+def _state(evicted: bool, done: bool) -> str:
+    return "evicted" if evicted else "final" if done else "open"
+
+
+async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start serving ``app`` (port 0: a free one); returns the runner (stop it with ``await
+    runner.cleanup()``) and the port bound."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, int(bound)

@@ -2,20 +2,57 @@
 
 Events go from the file readers straight into the same :class:`Pipeline` the Kafka processor
 uses, in the order a single-partition topic would deliver them, so the files it writes are the
-ones the Kafka deployment writes (and ``ng_reward_profile`` writes).
+ones the Kafka deployment writes (and ``ng_reward_profile`` writes). This transport owns every
+unit, so it finishes runs by writing their files itself (:func:`finish`).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from processors.pipeline import Pipeline, Rejected
+from processors.profile import build_profile
+from processors.runs import Done, PartView, Run, merge_parts
 from producers.events import input_events, rollout_events
-from rewardstream.contract import RunFinished, RunStarted, encode
-from rewardstream.errors import InputError
-from sinks.files import ProfilePaths
+from rewardstream.contract import RunFinished, RunStarted, checked, encode
+from rewardstream.errors import InputError, RewardstreamError
+from sinks.files import ProfilePaths, write_profile
 
-__all__ = ["stream_files"]
+__all__ = ["finish", "stream_files"]
+
+log = logging.getLogger(__name__)
+
+
+def finish(pipeline: Pipeline, run: Run) -> ProfilePaths | None:
+    """Write the run's final profile if the engine says it is ready; None otherwise (or when
+    it cannot be profiled: the reason is kept in ``run.error``)."""
+    if not pipeline.leader or pipeline.remote or not pipeline.ready(run):
+        return None
+    paths = pipeline.paths(run)
+    partial = not run.complete
+    if partial:
+        log.warning(
+            "run %s finished incomplete (%d of %s rollouts): writing a partial profile",
+            run.run_id,
+            run.rollouts,
+            run.expected if run.expected is not None else "?",
+        )
+    parts: dict[str, PartView] = dict(run.parts)
+    paths.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        merged = merge_parts(parts[n] for n in sorted(parts))
+        write_profile(build_profile(merged.state, partial), paths, merged.sample)
+    except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
+        run.error = str(exc)
+        log.error("run %s: no final profile: %s", run.run_id, exc)
+        return None
+    cuts = {n: u.position for n, u in pipeline.units.items()}
+    stem = paths.reward_profiling.name.removesuffix("_reward_profiling.jsonl")
+    done = Done(run.inputs, run.rollouts, Pipeline.counts_by_unit(parts), cuts, stem)
+    pipeline.mark_final(run.run_id, done)
+    log.info("run %s: final profile written to %s", run.run_id, paths.reward_profiling)
+    return paths
 
 
 def stream_files(inputs: Path, rollouts: Path, output_dir: Path, run_id: str) -> ProfilePaths:
@@ -27,6 +64,7 @@ def stream_files(inputs: Path, rollouts: Path, output_dir: Path, run_id: str) ->
             pipeline.handle(event.kind, event.value)
             n_inputs += 1
         started = RunStarted(run_id=run_id, expected_rollouts=n_inputs, output_stem=rollouts.stem)
+        checked(started)  # a bad run id or stem: BadEvent, which names it
         pipeline.handle("control", encode(started))
         for event in rollout_events(rollouts, run_id):
             pipeline.handle(event.kind, event.value)
@@ -34,7 +72,7 @@ def stream_files(inputs: Path, rollouts: Path, output_dir: Path, run_id: str) ->
         if rejected:
             raise InputError(f"event rejected ({rejected[0].reason}): {rejected[0].detail}")
         assert run is not None
-        paths = pipeline.maybe_finish(run)
+        paths = finish(pipeline, run)
         if paths is None:
             raise InputError(f"run {run_id}: no profile written: {run.error}")
         return paths

@@ -1,31 +1,37 @@
-"""Transport-independent event handling: decode, route to the run's part, finish the run.
+"""The engine's decisions: decode, route to the run's part, know when a run can be finished.
 
 The Kafka processor (:mod:`processors.stream`) and the in-process transport both hand raw event
-bytes to :meth:`Pipeline.handle`, naming the unit (topic-partition) they came from; everything
-after the bytes is shared, so the embedded default and the Kafka deployment write identical
-files. With several processors in one consumer group, each pipeline owns some units; the
-others' are read from their checkpoints (:class:`processors.checkpoint.CheckpointStore`), so
-snapshots and the final profile merge the parts of every unit.
+bytes to :meth:`Pipeline.handle`, naming the unit (topic-partition) they came from and, from
+Kafka, the offset; everything after the bytes is shared, so the embedded default and the Kafka
+deployment write identical files. With several processors in one consumer group each pipeline
+owns some units; what the others hold is known from their member records
+(:meth:`Pipeline.set_remote`), and their parts travel as versioned bytes
+(:mod:`processors.partwire`), never through a shared disk.
+
+State is rebuilt from the data topics themselves: the fold is deterministic and deduplication
+is per unit, so replaying a unit from :meth:`Pipeline.replay_start` (the first offset of any run
+still open in it) gives the same parts. A run whose final record is known
+(:meth:`Pipeline.mark_final`) is not folded again: its events before the record's cut are
+skipped as replays, those after it are rejected (``run-final``), never silently dropped.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
-import orjson
 from pydantic import ValidationError
 
-from processors.checkpoint import CheckpointStore, Manifest
-from processors.profile import build_profile
 from processors.runs import (
     Counts,
+    Done,
     Merged,
     Part,
     PartCounts,
+    PartView,
     Run,
     Unit,
     merge_parts,
@@ -44,18 +50,31 @@ from rewardstream.contract import (
     reject_reason,
 )
 from rewardstream.errors import RewardstreamError
-from sinks.files import ProfilePaths, write_profile
-from sinks.metrics import Metrics
+from rewardstream.names import ProfilePaths
 
-__all__ = ["EventKind", "Pipeline", "Rejected", "SnapshotSource"]
+__all__ = [
+    "Counters",
+    "EventKind",
+    "Late",
+    "Pipeline",
+    "Rejected",
+    "RemoteUnit",
+    "SnapshotSource",
+]
 
 log = logging.getLogger(__name__)
 
-# glibc keeps freed heap pages resident (a final profile's build frees hundreds of MB, in
-# pieces): malloc_trim hands them back once a run is evicted. None where libc has no such call.
-_malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-
 EventKind = Literal["input", "rollout", "control"]
+
+
+class Counters(Protocol):
+    """What the engine counts as it decides (:class:`sinks.metrics.Metrics` is one)."""
+
+    def rollouts(self, events: Sequence[Rollout]) -> None: ...
+
+    def duplicate(self, kind: EventKind, n: int = 1) -> None: ...
+
+    def reject(self, kind: EventKind, reason: RejectReason, n: int = 1) -> None: ...
 
 
 class Rejected(NamedTuple):
@@ -78,30 +97,48 @@ class SnapshotSource(NamedTuple):
     spool_dir: Path
 
 
-class Pipeline:
-    """All runs seen on the topics; the leader writes each run's final profile.
+class Late(NamedTuple):
+    """Events of a finished run that a unit folded past the final's cut: ``events`` of them,
+    somewhere in offsets [``cut``, ``position``)."""
 
-    ``peers``: the shared checkpoint folder of a consumer group, where the units this pipeline
-    does not own are found; None when it owns every unit (in process, or a lone processor that
-    is told so by :meth:`set_peer_units`). ``max_event_bytes``: larger events are rejected
-    unparsed (reason "oversized"); None: no limit.
+    unit: str
+    run_id: str
+    cut: int
+    position: int
+    events: int
+
+
+class RemoteUnit(NamedTuple):
+    """A unit another processor owns, as its member record last said: the next offset it will
+    consume, and per run the (inputs, rollouts) it holds."""
+
+    position: int
+    runs: dict[str, Counts]
+
+
+class Pipeline:
+    """All runs seen on the topics and the units this process owns (see the module docstring).
+
+    ``output_dir``: where the in-process transport writes final profiles; ``state_dir``: private
+    scratch for the parts' spill files (default: ``output_dir``). ``max_event_bytes``: larger
+    events are rejected unparsed (reason "oversized"); None: no limit.
     """
 
     def __init__(
         self,
         output_dir: Path,
         on_reject: Callable[[Rejected], None] | None = None,
-        metrics: Metrics | None = None,
-        peers: CheckpointStore | None = None,
+        metrics: Counters | None = None,
         max_event_bytes: int | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         self.output_dir = output_dir
+        self.state_dir = state_dir or output_dir
         self.max_event_bytes = max_event_bytes
         self.runs: dict[str, Run] = {}
         self.units: dict[str, Unit] = {}  # the units this pipeline owns
-        self.peers = peers
-        self.peer_units: dict[str, Manifest] = {}  # units owned elsewhere, as last seen
-        self.leader = True  # writes final profiles (the owner of rollout-0 in a group)
+        self.remote: dict[str, RemoteUnit] = {}  # units owned elsewhere, as last heard
+        self.leader = True  # finishes runs (the owner of rollout-0 in a group)
         self.metrics = metrics
         self.on_reject = on_reject or (
             lambda r: log.warning("rejected %s event (%s): %s", r.kind, r.reason, r.detail)
@@ -122,96 +159,62 @@ class Pipeline:
         run = self.runs.get(run_id)
         if run is None:
             run = self.runs[run_id] = Run(run_id)
-            self._read_mark(run)
-            run.foreign = self._foreign(run_id)  # peers' manifests may already list it
+            run.foreign = self._foreign(run_id)
         return run
 
     def _foreign(self, run_id: str) -> dict[str, Counts]:
-        """The run's counts in the units other processors own, as last checkpointed.
-
-        Kept per run and renewed on every refresh: a run first seen after the last refresh
-        must still know its peers' parts, or it could finish (its peers' positions say their
-        data is consumed) without merging them."""
-        return {n: m.runs[run_id] for n, m in self.peer_units.items() if run_id in m.runs}
-
-    def _final_mark(self, run_id: str) -> Path:
-        """Present once the run's final profile is written (by whichever processor): its file
-        name and the counts it was written with (JSON)."""
-        return self.output_dir / run_id / ".state" / "final"
-
-    def _mark(self, run_id: str) -> dict[str, Any] | None:
-        try:
-            mark: dict[str, Any] = orjson.loads(self._final_mark(run_id).read_bytes())
-        except FileNotFoundError:
-            return None
-        return mark
-
-    def _read_mark(self, run: Run) -> None:
-        """A final mark makes the run done, with the counts its profile was written with, in
-        all and per unit: a processor that restarts from a checkpoint older than the final
-        profile re-reads events the profile holds, and must count them neither as missing nor
-        as duplicates (:meth:`Part.retire`)."""
-        mark = self._mark(run.run_id)
-        if mark is not None:
-            run.done, run.written = True, Counts(mark["inputs"], mark["rollouts"])
-            units = mark.get("units", {})  # absent from the marks of versions before it
-            run.written_units = {name: PartCounts(*counts) for name, counts in units.items()}
+        """The run's counts in the units other processors own, as last heard. Kept per run and
+        renewed with every member record: a run first seen after them must still count its
+        peers' parts, or it could finish without merging them."""
+        return {n: u.runs[run_id] for n, u in self.remote.items() if run_id in u.runs}
 
     def unit(self, name: str) -> Unit:
-        """The owned unit ``name``, created empty if new."""
+        """The owned unit ``name``, created empty if new (assigned, or first event in process)."""
         unit = self.units.get(name)
         if unit is None:
-            unit = self.adopt(Unit(name, self.output_dir))
-        return unit
-
-    def adopt(self, unit: Unit) -> Unit:
-        """Own ``unit`` (new, or loaded from its checkpoint after an assignment)."""
-        unit.claim()
-        self.units[unit.name] = unit
-        self.peer_units.pop(unit.name, None)
-        for run_id, part in unit.parts.items():
-            run = self.run(run_id)
-            run.parts[unit.name] = part
-            run.foreign.pop(unit.name, None)
-            run.done = run.done or part.final is not None  # the checkpoint knows it too
-        for run_id in unit.parts:
-            self.evict(self.runs[run_id])  # e.g. checkpointed before its final profile
+            unit = self.units[name] = Unit(name, self.state_dir)
+            self.remote.pop(name, None)
+            for run in self.runs.values():
+                run.foreign.pop(name, None)
         return unit
 
     def release(self, name: str) -> None:
-        """Stop owning a unit (revoked): its parts leave their runs."""
+        """Stop owning a unit (revoked): its parts leave their runs and their spills go."""
         unit = self.units.pop(name, None)
         if unit is not None:
             for run_id in unit.parts:
                 self.runs[run_id].parts.pop(name, None)
-            unit.close()
+            unit.drop()
 
-    def set_peer_units(self, names: set[str]) -> None:
-        """The units other processors own (all the topics' partitions but this one's)."""
-        self.peer_units = {n: self.peer_units.get(n, Manifest(0, {})) for n in names}
-        self.refresh_peers()
-
-    def refresh_peers(self) -> None:
-        """Re-read the peers' manifests (cheap JSON) and the final-profile marks."""
-        if self.peers is None or not self.peer_units:
-            return
-        self.peer_units.update(self.peers.manifests(self.peer_units))
+    def set_remote(self, units: dict[str, RemoteUnit]) -> None:
+        """What the other processors of the group hold, from their member records."""
+        self.remote = {n: u for n, u in units.items() if n not in self.units}
+        now = time.monotonic()
         for run in self.runs.values():
-            run.foreign = self._foreign(run.run_id)
-            if not run.done:
-                self._read_mark(run)
-                self.evict(run)
+            foreign = self._foreign(run.run_id)
+            if foreign != run.foreign:  # a peer consumed some: the run is alive
+                run.foreign, run.seen = foreign, now
 
     def positions(self) -> dict[str, int]:
-        """The next offset to consume per unit, owned or (as checkpointed) a peer's."""
-        return {n: m.position for n, m in self.peer_units.items()} | {
+        """The next offset to consume per unit, owned or (as last heard) a peer's."""
+        return {n: u.position for n, u in self.remote.items()} | {
             n: u.position for n, u in self.units.items()
         }
 
+    def replay_start(self, name: str) -> int:
+        """Where a new owner of the unit must start reading to rebuild it: the first offset of
+        any run still open in it (its position when none is). This is the offset committed."""
+        unit = self.units[name]
+        firsts = [p.first_offset for p in unit.parts.values() if p.final is None]
+        return min(firsts, default=unit.position)
+
     # -- events -------------------------------------------------------------------------------
-    def handle(self, kind: EventKind, raw: bytes, unit: str | None = None) -> Run | None:
-        """Apply one event from ``unit`` (default ``<kind>-0``); returns its run (None when
-        rejected). Control events belong to no unit: every processor reads all of them.
+    def handle(
+        self, kind: EventKind, raw: bytes, unit: str | None = None, offset: int | None = None
+    ) -> Run | None:
+        """Apply one event from ``unit`` (default ``<kind>-0``) at ``offset`` (None in process);
+        returns its run (None when rejected). Control events belong to no unit: every processor
+        reads all of them.
 
         Data of a run not announced yet is kept: the publisher sends ``run_started`` after the
         inputs, and topics are not ordered with each other. A ``run_finished`` whose run never
@@ -227,15 +230,21 @@ class Pipeline:
                 ev_in = decode_input(raw)
                 row_key(ev_in.row)  # a bad row must not create its run or part
                 row_names(ev_in.row)
-                part = self._part(unit or "input-0", ev_in.run_id)
+                run_id = ev_in.run_id
+                name = unit or "input-0"
+                if self._after_final(run_id, kind, raw, name, offset):
+                    return None
+                part = self._part(name, run_id, offset)
                 before = part.duplicates
                 if not part.add_input(ev_in) and self.metrics and part.duplicates > before:
-                    self.metrics.duplicates.labels(kind).inc()
-                run_id = ev_in.run_id
+                    self.metrics.duplicate(kind)
             elif kind == "rollout":
                 ev_out = decode_rollout(raw)
-                self._fold(unit or "rollout-0", [ev_out])
                 run_id = ev_out.run_id
+                name = unit or "rollout-0"
+                if self._after_final(run_id, kind, raw, name, offset):
+                    return None
+                self._fold(name, {run_id: [ev_out]}, offset)
             else:
                 control = decode_control(raw)
                 run_id = control.run_id
@@ -250,94 +259,90 @@ class Pipeline:
         except (ValidationError, RewardstreamError, ValueError) as exc:
             self._reject(kind, reject_reason(exc), raw, " ".join(str(exc).split())[:500])
             return None
-        return self.run(run_id)
+        run = self.run(run_id)
+        run.seen = time.monotonic()
+        return run
 
-    def handle_rollouts(self, raws: Sequence[bytes], unit: str) -> list[Run] | None:
-        """Apply a batch of rollout events from ``unit``, in order: the Kafka processor's hot
-        path (about half the cost per event of :meth:`handle`). Returns the runs touched, or
-        None, having applied nothing, when any event needs :meth:`handle`'s one-by-one path
-        (one that is rejected, or whose ``info`` is not written as orjson writes it)."""
+    def _after_final(
+        self, run_id: str, kind: EventKind, raw: bytes, unit: str, offset: int | None
+    ) -> bool:
+        """True when the event's run has its final (or evicted) record: an event the record
+        covers (before its cut of the unit: read again after a restart) is a replay, counted
+        and skipped; a later one is rejected (``run-final``/``run-evicted``), never dropped
+        silently, for it cannot change a profile that is written."""
+        run = self.runs.get(run_id)
+        if run is None or run.terminal is None:
+            return False
+        cut = run.terminal.cuts.get(unit, 0)
+        if offset is not None and offset < cut:
+            run.replays += 1
+            return True
+        reason: RejectReason = "run-evicted" if run.terminal.evicted else "run-final"
+        what = "was evicted unfinished" if run.terminal.evicted else "has its final profile"
+        self._reject(kind, reason, raw, f"run {run_id!r} {what}; this event came after it")
+        return True
+
+    def handle_rollouts(
+        self, raws: Sequence[bytes], unit: str, offsets: Sequence[int] | None = None
+    ) -> list[Run] | None:
+        """Apply a batch of rollout events from ``unit`` (at ``offsets``), in order: the Kafka
+        processor's hot path (about half the cost per event of :meth:`handle`). Returns the runs
+        touched, or None, having applied nothing, when any event needs :meth:`handle`'s
+        one-by-one path (one that is rejected, or whose ``info`` is not written as orjson
+        writes it, or one of a run that has its final record)."""
         limit = self.max_event_bytes
         if limit is not None and max(map(len, raws), default=0) > limit:
             return None
         events = decode_rollouts(raws)
-        return None if events is None else self._fold(unit, events)
+        if events is None:
+            return None
+        by_run = _by_run(events)
+        runs = self.runs
+        if any((r := runs.get(run_id)) is not None and r.terminal for run_id in by_run):
+            return None
+        return self._fold(unit, by_run, offsets[0] if offsets else None)
 
-    def _fold(self, unit: str, events: list[Rollout]) -> list[Run]:
-        """Add decoded rollouts to their runs' parts (dropping those seen before)."""
-        by_run: dict[str, list[Rollout]] = {}
-        for event in events:  # a batch is one run's, but topics are shared
-            by_run.setdefault(event.run_id, []).append(event)
+    def _fold(self, unit: str, by_run: dict[str, list[Rollout]], first: int | None) -> list[Run]:
+        """Add decoded rollouts, by run, to their runs' parts (dropping those seen before)."""
         for run_id, mine in by_run.items():
-            part = self._part(unit, run_id)
+            part = self._part(unit, run_id, first)
             before = part.duplicates
             new = part.add_rollouts(mine)
             if self.metrics:
                 self.metrics.rollouts(new)
-                if part.duplicates > before:  # replays (Part.retire) are not duplicates
-                    self.metrics.duplicates.labels("rollout").inc(part.duplicates - before)
-        return [self.run(run_id) for run_id in by_run]
+                if part.duplicates > before:
+                    self.metrics.duplicate("rollout", part.duplicates - before)
+        now = time.monotonic()
+        runs = [self.run(run_id) for run_id in by_run]
+        for run in runs:
+            run.seen = now
+        return runs
 
     def _announced(self, run_id: str) -> bool:
-        """A run_started was seen, or the run's final profile exists (its run_started may have
+        """A run_started was seen, or the run has its terminal record (its run_started may have
         aged out of the control topic)."""
         run = self.runs.get(run_id)
-        return (run is not None and (run.started is not None or run.done)) or (
-            self._final_mark(run_id).exists()
-        )
+        return run is not None and (run.started is not None or run.terminal is not None)
 
     def _reject(self, kind: EventKind, reason: RejectReason, raw: bytes, detail: str) -> None:
         if self.metrics:
-            self.metrics.rejected.labels(kind, reason).inc()
+            self.metrics.reject(kind, reason)
         self.on_reject(Rejected(kind, reason, raw, detail))
 
-    def _part(self, unit_name: str, run_id: str) -> Part:
-        unit = self.unit(unit_name)  # the transport marks it dirty for checkpoints
+    def _part(self, unit_name: str, run_id: str, offset: int | None) -> Part:
+        unit = self.unit(unit_name)  # the transport moves its position
         part = unit.parts.get(run_id)
         if part is None:
             run = self.run(run_id)
             part = run.parts[unit_name] = unit.part(run_id)
-            self.evict(run)  # a done run's new part only counts its events as duplicates
+            part.first_offset = unit.position if offset is None else offset
         return part
 
-    def evict(self, run: Run) -> None:
-        """Retire the run's parts once its final profile is written (see
-        :mod:`processors.runs`): memory and spill files go, the counts stay. Their units are
-        marked for a checkpoint, so a restart does not load the dropped state again."""
-        if run.done and run.error is None:
-            retired = run.retire()
-            for name in retired:
-                self.units[name].dirty = True
-            if retired and _malloc_trim is not None:
-                _malloc_trim(0)
-
-    # -- profiles -----------------------------------------------------------------------------
-    def _all_parts(self, run: Run) -> dict[str, Part]:
-        """The run's parts by unit: this pipeline's, then the peers', from their checkpoints."""
-        parts = dict(run.parts)
-        if self.peers is not None:
-            for name in run.foreign:
-                unit = self.peers.load(name)
-                if unit is not None and run.run_id in unit.parts:
-                    parts[name] = unit.parts[run.run_id]
-        return parts
-
-    def snapshot_source(self, run_id: str) -> SnapshotSource:
-        """The run's parts merged (own and peers'), with the offsets they cover.
-
-        Reads the live state: call it where the state cannot change under it, i.e. in a forked
-        child (:class:`processors.snapshot.SnapshotJob`). Raises KeyError for an unknown run.
-        """
-        run = self.runs[run_id]
-        merged = merge_parts(self._all_parts(run).values())
-        return SnapshotSource(merged, self.positions(), self.paths(run), self.output_dir)
-
-    def paths(self, run: Run) -> ProfilePaths:
-        stem = run.started.output_stem if run.started else "rollouts"
-        return ProfilePaths.next_to(self.output_dir / run.run_id / f"{stem}.jsonl")
-
+    # -- lifecycle ----------------------------------------------------------------------------
     def ready(self, run: Run) -> bool:
         """Complete, or finished and every unit consumed to where the log ended then."""
+        if run.terminal is not None:
+            return False
         if run.complete:
             return True
         if not run.finished or run.finish_at is None:
@@ -345,53 +350,81 @@ class Pipeline:
         positions = self.positions()
         return all(positions.get(u, 0) >= end for u, end in run.finish_at.items())
 
-    def maybe_finish(self, run: Run) -> ProfilePaths | None:
-        """Write the final profile once the run is complete or finished (leader only)."""
-        if run.done or not self.leader or not self.ready(run):
-            return None
-        partial = not run.complete
-        if partial:
-            log.warning(
-                "run %s finished incomplete (%d of %s rollouts): writing a partial profile",
-                run.run_id,
-                run.rollouts,
-                run.expected if run.expected is not None else "?",
-            )
-        paths = self.paths(run)
-        paths.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
-        run.done = True
-        try:
-            run.written_units = self._write_final(run, paths, partial)
-        except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
-            run.error = str(exc)
-            log.error("run %s: no final profile: %s", run.run_id, exc)
-            return None
-        run.written = Counts(run.inputs, run.rollouts)
-        mark = self._final_mark(run.run_id)
-        mark.parent.mkdir(parents=True, exist_ok=True)
-        units = {name: list(counts) for name, counts in run.written_units.items()}
-        fields = {"file": paths.reward_profiling.name} | run.written._asdict() | {"units": units}
-        mark.write_bytes(orjson.dumps(fields))
-        log.info("run %s: final profile written to %s", run.run_id, paths.reward_profiling)
-        self.evict(run)
-        return paths
+    def mark_final(self, run_id: str, terminal: Done) -> list[Late]:
+        """The run has its terminal record (written here or by another processor): retire its
+        parts (memory and spill files go, the counts stay; see :mod:`processors.runs`).
 
-    def _write_final(self, run: Run, paths: ProfilePaths, partial: bool) -> dict[str, PartCounts]:
-        """Merge the run's parts and write the profile (the merged copy is freed on return);
-        returns what it holds of each unit."""
-        parts = self._all_parts(run)
-        merged = merge_parts(parts.values())
-        write_profile(build_profile(merged.state, partial), paths, merged.sample)
+        Returns the owned units that had consumed events of the run past the record's cut
+        (folded before this processor heard of the record): they are in no profile, and the
+        transport must read them again from the topic and park them (``run-final``)."""
+        run = self.run(run_id)
+        if run.terminal is not None:
+            return []
+        run.terminal, run.done = terminal, True
+        run.written = Counts(terminal.inputs, terminal.rollouts)
+        late = []
+        for name, part in run.parts.items():
+            held = terminal.units.get(name, _NO_COUNTS)
+            after = part.inputs + part.rollouts + part.duplicates - held.events
+            cut = terminal.cuts.get(name, 0)
+            if after > 0 and not terminal.evicted and name in self.units:
+                late.append(Late(name, run_id, cut, self.units[name].position, after))
+        tasks = tasks_by_part({n: p for n, p in run.parts.items() if p.final is None})
+        for name, part in run.parts.items():
+            part.retire(tasks.get(name, terminal.units.get(name, _NO_COUNTS).tasks))
+        return late
+
+    def reject_late(self, kind: EventKind, raw: bytes, run_id: str) -> None:
+        """Reject an event of a finished run that a unit had folded before it heard of the
+        run's final record (see :meth:`mark_final`)."""
+        detail = f"run {run_id!r} has its final profile; this event came after it"
+        self._reject(kind, "run-final", raw, detail)
+
+    def idle_runs(self, now: float, after: float) -> list[Run]:
+        """Open runs with no event for ``after`` seconds (by ``time.monotonic``)."""
+        return [r for r in self.runs.values() if r.terminal is None and now - r.seen > after]
+
+    @staticmethod
+    def counts_by_unit(parts: dict[str, PartView]) -> dict[str, PartCounts]:
+        """What a profile merged from ``parts`` holds of each unit (for its terminal record)."""
         tasks = tasks_by_part(parts)
         return {
-            name: PartCounts(part.inputs, part.rollouts, part.duplicates, tasks.get(name, 0))
+            name: PartCounts(
+                part.state.num_inputs, part.state.num_results, part.duplicates, tasks.get(name, 0)
+            )
             for name, part in parts.items()
         }
 
-    def final_paths(self, run_id: str) -> ProfilePaths | None:
-        """The run's final profile files (named by its final mark), None until written."""
-        mark = self._mark(run_id)
-        if mark is None:
-            return None
-        stem = str(mark["file"]).removesuffix("_reward_profiling.jsonl")
-        return ProfilePaths.next_to(self.output_dir / run_id / f"{stem}.jsonl")
+    # -- profiles -----------------------------------------------------------------------------
+    def snapshot_source(
+        self, run_id: str, received: dict[str, PartView], offsets: dict[str, int]
+    ) -> SnapshotSource:
+        """The run's parts merged, own and ``received`` from their owners, with the offsets
+        they cover. Reads the live state: call it where the state cannot change under it, i.e.
+        in a forked child (:class:`processors.snapshot.SnapshotJob`). KeyError: unknown run."""
+        run = self.runs[run_id]
+        parts: dict[str, PartView] = {**received, **run.parts}
+        merged = merge_parts(parts[n] for n in sorted(parts))
+        covered = {**offsets, **{n: u.position for n, u in self.units.items()}}
+        return SnapshotSource(
+            merged, dict(sorted(covered.items())), self.paths(run), self.state_dir
+        )
+
+    def paths(self, run: Run) -> ProfilePaths:
+        stem = run.started.output_stem if run.started else "rollouts"
+        if run.terminal is not None:
+            stem = run.terminal.stem
+        return ProfilePaths.next_to(self.output_dir / run.run_id / f"{stem}.jsonl")
+
+
+_NO_COUNTS = PartCounts(0, 0, 0, 0)
+
+
+def _by_run(events: list[Rollout]) -> dict[str, list[Rollout]]:
+    """Events grouped by run, in order (a batch is mostly one run's, but topics are shared)."""
+    if events and all(e.run_id == events[0].run_id for e in events):
+        return {events[0].run_id: events}
+    by_run: dict[str, list[Rollout]] = {}
+    for event in events:
+        by_run.setdefault(event.run_id, []).append(event)
+    return by_run

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import orjson
@@ -38,10 +39,12 @@ from rewardstream.errors import InvalidRow
 
 __all__ = [
     "Counts",
+    "Done",
     "Final",
     "Merged",
     "Part",
     "PartCounts",
+    "PartView",
     "Run",
     "Spill",
     "Unit",
@@ -51,34 +54,19 @@ __all__ = [
 
 
 class Spill:
-    """An append-only file of bytes addressed by offset: ``sample`` rows (one JSON line each)
-    of input parts, ``rollout_infos`` entries of rollout parts, which memory need not hold.
+    """An append-only file of bytes addressed by offset, in the processor's private state
+    folder: ``sample`` rows (one JSON line each) of input parts, ``rollout_infos`` entries of
+    rollout parts, which memory need not hold. Scratch only: a unit's state is rebuilt from
+    Kafka, never from a spill.
 
-    Writes are unbuffered and reads go through a memory map of what was written, so a snapshot
-    (or another processor) can read while the owner keeps appending. Only the owner writes: a
-    spill unpickled from a checkpoint is read-only until :meth:`claim` cuts it back to the
-    checkpointed length.
+    Writes are unbuffered and reads go through a memory map of what was written, so a
+    snapshot can read while the owner keeps appending.
     """
 
-    def __init__(self, path: Path, size: int = 0, owner: bool = True) -> None:
+    def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.size, self._fd = path, size, -1
-        self._open(owner)
-
-    def _open(self, owner: bool) -> None:
-        if owner:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-            os.ftruncate(self._fd, self.size)  # drop what came after the checkpoint
-        else:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o600)
-
-    def __reduce__(self) -> tuple[type[Spill], tuple[Path, int, bool]]:
-        return (Spill, (self.path, self.size, False))  # the length, not the fd
-
-    def claim(self) -> None:
-        """Become the writer (after taking over a unit from a checkpoint)."""
-        self.close()
-        self._open(owner=True)
+        self.path, self.size = path, 0
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
 
     def append(self, data: bytes) -> int:
         offset = self.size
@@ -188,10 +176,9 @@ class Part:
     rollout part (moved there a MiB at a time): memory keeps only the numbers.
     """
 
-    final: Final | None = None  # set by retire(); a class default for older checkpoints
-    replays = 0  # events still to come that the run's final profile holds (see retire())
-
     def __init__(self, spill_path: Path) -> None:
+        self.final: Final | None = None  # set by retire()
+        self.first_offset = 0  # of the unit's first event of the run (see Pipeline.replay_start)
         self.state = ProfileState()
         self.duplicates = 0
         self._keys: _KeySet | _EveryKey = _KeySet()
@@ -215,22 +202,12 @@ class Part:
         """Per-agent running moments (as they were at retirement, once retired)."""
         return self.state.live() if self.final is None else self.final.live
 
-    def retire(self, tasks: int, written: PartCounts | None = None) -> None:
+    def retire(self, tasks: int) -> None:
         """Drop the state, keys and spill file (the run's final profile is written): keep the
-        counts, the ``tasks`` it completed and its live moments; later events are duplicates.
-
-        ``written`` is what the final profile holds of this unit. When that is more than this
-        part holds (it was loaded from a checkpoint older than the profile: its owner was
-        killed in between), it becomes the part's counts, and the events in between, which
-        the unit replays next, are *replays*: already counted, neither new nor duplicates.
-        """
+        counts, the ``tasks`` it completed and its live moments."""
         if self.final is not None:
             return
-        counts = PartCounts(self.inputs, self.rollouts, self.duplicates, tasks)
-        if written is not None and written.events > counts.events:
-            self.replays, counts = written.events - counts.events, written
-        self.duplicates = counts.duplicates
-        self.final = Final(counts.inputs, counts.rollouts, counts.tasks, self.state.live())
+        self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
         self.state, self._keys = ProfileState(), _EveryKey()
         self.close()
         self.spill = None
@@ -242,7 +219,7 @@ class Part:
         row = event.row
         key = row_key(row)
         if key in self._keys:
-            self._seen(1)
+            self.duplicates += 1
             return False
         sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
         try:
@@ -264,7 +241,7 @@ class Part:
         duplicates)."""
         add = self._keys.add
         new = [event for event in events if add(event.task, event.rollout)]
-        self._seen(len(events) - len(new))
+        self.duplicates += len(events) - len(new)
         if new:
             self.state.add_records(
                 [event.task for event in new],
@@ -276,12 +253,6 @@ class Part:
                 self._spill().append(self.state.take_infos())
         return new
 
-    def _seen(self, n: int) -> None:
-        """Count ``n`` events seen before: replays first (see :meth:`retire`), then duplicates."""
-        replayed = min(n, self.replays)
-        self.replays -= replayed
-        self.duplicates += n - replayed
-
     def taken_infos(self) -> InfoBytes:
         """The ``rollout_infos`` entries moved to the spill (what :meth:`ProfileState.merge`
         needs with this part's state), mapped, not read."""
@@ -289,6 +260,10 @@ class Part:
             return b""
         assert self.spill is not None
         return self.spill.view(self.state.info_taken)
+
+    def sample_reader(self) -> Callable[[int], bytes] | None:
+        """The reader of this part's ``sample`` rows by locator (spill offset)."""
+        return self.spill.lines() if self.spill and self.state.num_inputs else None
 
     def close(self) -> None:
         if self.spill is not None:
@@ -303,7 +278,6 @@ class Unit:
         self.folder = folder  # runs' spill files go to <folder>/<run_id>/.state/
         self.position = 0  # next offset to consume
         self.parts: dict[str, Part] = {}
-        self.dirty = False  # changed since the last checkpoint
 
     def part(self, run_id: str) -> Part:
         part = self.parts.get(run_id)
@@ -312,15 +286,29 @@ class Unit:
             part = self.parts[run_id] = Part(spill)
         return part
 
-    def claim(self) -> None:
-        """Take over the unit's spill files as their writer."""
-        for part in self.parts.values():
-            if part.spill is not None:
-                part.spill.claim()
-
     def close(self) -> None:
         for part in self.parts.values():
             part.close()
+
+    def drop(self) -> None:
+        """Close and delete the spill files (the unit was revoked: its next owner rebuilds it
+        from Kafka, and this copy would only grow stale)."""
+        for part in self.parts.values():
+            part.close()
+            if part.spill is not None:
+                part.spill.path.unlink(missing_ok=True)
+
+
+class Done(NamedTuple):
+    """A run's terminal record as the engine needs it: the counts its profile holds, per unit
+    what it holds and the offset it covers the unit to (its *cut*), and the profile's stem."""
+
+    inputs: int
+    rollouts: int
+    units: dict[str, PartCounts]
+    cuts: dict[str, int]
+    stem: str
+    evicted: bool = False
 
 
 class Counts(NamedTuple):
@@ -341,8 +329,10 @@ class Run:
         # None while the transport does not know every partition's end yet
         self.finish_at: dict[str, int] | None = {}
         self.done = False  # the final profile was written (here or by another processor)
+        self.terminal: Done | None = None  # its final (or evicted) record, once known
         self.written: Counts | None = None  # the counts it was written with, once done
-        self.written_units: dict[str, PartCounts] = {}  # and what it holds of each unit
+        self.replays = 0  # events read again after a restart that its final profile holds
+        self.seen = time.monotonic()  # when this process last heard of the run
         self.error: str | None = None
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
         self.foreign: dict[str, Counts] = {}  # unit name -> counts, units other processors own
@@ -401,15 +391,8 @@ class Run:
         part keeps its count)."""
         return tasks_by_part({n: p for n, p in self.parts.items() if p.final is None})
 
-    def retire(self) -> list[str]:
-        """Retire this process's parts (the final profile is written); returns their units."""
-        tasks = self._tasks_by_part()
-        for name, count in tasks.items():
-            self.parts[name].retire(count, self.written_units.get(name))
-        return list(tasks)
 
-
-def tasks_by_part(parts: dict[str, Part]) -> dict[str, int]:
+def tasks_by_part(parts: Mapping[str, PartView]) -> dict[str, int]:
     """Per part, the tasks with every input row's rollout, each counted in the first part
     holding its results (a task's events are in one unit of each topic)."""
     live = {n: p.state for n, p in parts.items()}
@@ -430,6 +413,23 @@ def tasks_by_part(parts: dict[str, Part]) -> dict[str, int]:
     return out
 
 
+class PartView(Protocol):
+    """What a merge needs of a part: its state, the ``rollout_infos`` entries it moved out of
+    the state, and a reader of its ``sample`` rows by locator (None when it has no input
+    rows). A local :class:`Part` is one; so is a part received from another processor
+    (:mod:`processors.partwire`)."""
+
+    @property
+    def state(self) -> ProfileState: ...
+
+    @property
+    def duplicates(self) -> int: ...
+
+    def taken_infos(self) -> InfoBytes: ...
+
+    def sample_reader(self) -> Callable[[int], bytes] | None: ...
+
+
 class Merged(NamedTuple):
     """Parts merged into one state, with the reader of their ``sample`` rows."""
 
@@ -437,13 +437,13 @@ class Merged(NamedTuple):
     sample: Callable[[int], bytes]
 
 
-def merge_parts(parts: Iterable[Part]) -> Merged:
+def merge_parts(parts: Iterable[PartView]) -> Merged:
     """One state from many parts (copies: the parts may keep growing)."""
     state, readers = ProfileState(), list[Callable[[int], bytes] | None]()
     for part in parts:
         shift = len(readers) << LOCATOR_BITS
         state.merge(part.state, locator_shift=shift, taken_infos=part.taken_infos())
-        readers.append(part.spill.lines() if part.spill and part.state.num_inputs else None)
+        readers.append(part.sample_reader())
     mask = (1 << LOCATOR_BITS) - 1
 
     def sample(locator: int) -> bytes:

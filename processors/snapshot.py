@@ -27,6 +27,7 @@ import orjson
 
 from processors.pipeline import Pipeline
 from processors.profile import build_profile
+from processors.runs import PartView
 from rewardstream.errors import RewardstreamError
 from sinks.files import ProfilePaths, task_lines
 from sinks.snapshot_wire import CHUNK, END, FRAME, HEAD_LIMIT, SnapshotError, SnapshotHead, frames
@@ -69,7 +70,7 @@ def _fork(work: Callable[[], None]) -> int:
 
 def _final_files(pipeline: Pipeline, run_id: str, paths: ProfilePaths, out: BinaryIO) -> None:
     """A done run's snapshot is its final files: its state is dropped once they are written
-    (:meth:`Pipeline.evict`), and they are what a snapshot of every rollout would give."""
+    (:meth:`Pipeline.mark_final`), and they are what a snapshot of every rollout would give."""
     run = pipeline.runs[run_id]
     order = (paths.reward_profiling, paths.agent_metrics, paths.repeat_level_metrics)
     files = [p.name for p in order]
@@ -81,13 +82,15 @@ def _final_files(pipeline: Pipeline, run_id: str, paths: ProfilePaths, out: Bina
     out.write(FRAME.pack(END, 0))
 
 
-def _build(pipeline: Pipeline, run_id: str, out: BinaryIO) -> None:
+def _build(
+    pipeline: Pipeline,
+    run_id: str,
+    received: dict[str, PartView],
+    offsets: dict[str, int],
+    out: BinaryIO,
+) -> None:
     """The child's work: merge the run's parts, build the profile, stream the files."""
-    final = pipeline.final_paths(run_id)
-    if final is not None:
-        _final_files(pipeline, run_id, final, out)
-        return
-    source = pipeline.snapshot_source(run_id)
+    source = pipeline.snapshot_source(run_id, received, offsets)
     state = source.merged.state
     try:
         profile = build_profile(state, allow_partial=True)
@@ -124,19 +127,32 @@ def _build(pipeline: Pipeline, run_id: str, out: BinaryIO) -> None:
 class SnapshotJob:
     """A snapshot being built by a forked child: read its stream, then :meth:`close`."""
 
-    def __init__(self, pipeline: Pipeline, run_id: str) -> None:
-        """Fork now: the snapshot covers exactly what ``pipeline`` has consumed at this call.
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        run_id: str,
+        received: dict[str, PartView] | None = None,
+        offsets: dict[str, int] | None = None,
+        final: ProfilePaths | None = None,
+    ) -> None:
+        """Fork now: the snapshot covers exactly what ``pipeline`` has consumed at this call,
+        with the parts ``received`` from peers (covering the units to ``offsets``). A done run's
+        snapshot is its ``final`` files (default: where the in-process transport wrote them).
 
         Raises KeyError for an unknown run.
         """
-        if run_id not in pipeline.runs:
-            raise KeyError(run_id)
+        run = pipeline.runs[run_id]
+        if final is None and run.terminal is not None:
+            final = pipeline.paths(run)
         read, write = os.pipe()
 
         def work() -> None:
             os.close(read)
             with open(write, "wb", buffering=CHUNK) as out:
-                _build(pipeline, run_id, out)
+                if final is not None:
+                    _final_files(pipeline, run_id, final, out)
+                else:
+                    _build(pipeline, run_id, received or {}, offsets or {}, out)
 
         self.pid: int | None = _fork(work)
         os.close(write)

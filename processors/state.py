@@ -15,7 +15,7 @@ import mmap
 from array import array
 from collections.abc import Sequence
 from itertools import accumulate, chain, islice
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -32,8 +32,19 @@ LOCATOR_BITS = 40
 _NO_NAME = -1
 _DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
 
-InfoBytes = bytes | bytearray | mmap.mmap
-"""Serialized ``rollout_infos`` entries: in memory, or a spill file's memory map."""
+InfoBytes = bytes | bytearray | memoryview | mmap.mmap
+"""Serialized ``rollout_infos`` entries: in memory, a spill file's memory map, or a slice of a
+part received from another processor (:mod:`processors.partwire`)."""
+
+Section: TypeAlias = "InfoBytes | array[Any]"  # array is generic at run time from 3.12
+"""Raw bytes of one section of a state's wire form (:meth:`ProfileState.export_columns`)."""
+
+_COLUMNS = {
+    "inputs": ("in_task", "in_rollout", "in_agent", "in_server", "in_locator", "in_order"),
+    "results": ("res_task", "res_rollout", "res_schema", "res_masked", "res_agent", "info_end"),
+}
+"""The typed columns of a state, by the count each one's length must equal (``pool`` is apart:
+its length is the results' widths summed)."""
 
 
 def _shown(value: Any) -> str:
@@ -247,6 +258,99 @@ class ProfileState:
         shifted = np.frombuffer(other.info_end, np.int64) + info_base
         self.info_end.extend(array("q", shifted.tobytes()))
         # live stats are not merged: the merged results are folded from their values instead
+
+    # -- wire form (processors.partwire): no pickle, so no code runs on decode ------------
+    def export_columns(self, taken_infos: InfoBytes = b"") -> tuple[dict[str, Any], list[Section]]:
+        """A JSON-able header and the raw sections it lists (``[name, typecode, bytes]``, back
+        to back), everything :meth:`from_columns` rebuilds this state from.
+
+        ``taken_infos`` are the entries given away by :meth:`take_infos` (as for
+        :meth:`merge`): the ``rollout_infos`` section is all entries in offset order. The
+        sections are the live buffers, not copies: join them before this state grows again.
+        """
+        if len(taken_infos) != self.info_taken:
+            raise ValueError(f"export needs {self.info_taken} bytes of taken rollout infos")
+        names = [*_COLUMNS["inputs"], *_COLUMNS["results"], "pool"]
+        columns: list[array[Any]] = [getattr(self, name) for name in names]
+        infos = [taken_infos, *self.info_segments()]
+        sections = [
+            [n, c.typecode, len(c) * c.itemsize] for n, c in zip(names, columns, strict=True)
+        ]
+        sections.append(["rollout_infos", "B", sum(map(len, infos))])
+        header = {
+            "names": list(self.names),
+            "schemas": list(self.schemas),
+            "counts": {"inputs": self.num_inputs, "results": self.num_results},
+            "sections": sections,
+        }
+        return header, [*columns, *infos]
+
+    @classmethod
+    def from_columns(cls, header: dict[str, Any], sections: dict[str, memoryview]) -> ProfileState:
+        """The state :meth:`export_columns` gave ``header`` of, from its sections by name, each
+        cast to its typecode (``rollout_infos``: bytes).
+
+        Columns are copied (a merge appends to them); the entries are held, not copied, as a
+        merge holds its segments. Live stats start unfolded: :meth:`live` recomputes them from
+        the values. Sections that do not make one consistent state raise ``ValueError``, so a
+        bad part fails here, not in a later profile.
+        """
+        state = cls()
+        state._set_shapes(header.get("names"), header.get("schemas"))
+        for name in (*_COLUMNS["inputs"], *_COLUMNS["results"], "pool"):
+            column, data = getattr(state, name), sections.get(name)
+            if data is None or data.format != column.typecode:
+                raise ValueError(f"column {name!r} is missing or not {column.typecode!r} values")
+            column.frombytes(data.cast("B"))
+        counts = header.get("counts")
+        for count, names in _COLUMNS.items():
+            expected = counts.get(count) if isinstance(counts, dict) else None
+            for name in names:
+                if len(getattr(state, name)) != expected:
+                    raise ValueError(
+                        f"inconsistent columns: {name!r} holds {len(getattr(state, name))} of "
+                        f"the state's {expected} {count}"
+                    )
+        infos = sections.get("rollout_infos")
+        if infos is None or infos.format != "B":
+            raise ValueError("the rollout_infos section is missing or not bytes")
+        state._check_references(infos.nbytes)
+        state.info_held = [infos] if infos.nbytes else []
+        return state
+
+    def _set_shapes(self, names: Any, schemas: Any) -> None:
+        """Names and schemas from a header, with the indices that dedupe them."""
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("the state's names are not a list of strings")
+        self.names, self._name_ids = names, {name: i for i, name in enumerate(names)}
+        for shape in schemas if isinstance(schemas, list) else [None]:
+            cols, ints = shape if isinstance(shape, list) and len(shape) == 2 else (None, None)
+            if not (
+                isinstance(cols, list)
+                and isinstance(ints, list)
+                and len(cols) == len(ints)
+                and all(isinstance(c, str) for c in cols)
+                and all(isinstance(i, bool) for i in ints)
+            ):
+                raise ValueError(f"the state's schemas are not [names, is_int] pairs: {shape!r}")
+            self._schema_ids[tuple(cols), tuple(ints)] = len(self.schemas)
+            self.schemas.append((tuple(cols), tuple(ints)))
+        if len(self._name_ids) != len(names) or len(self._schema_ids) != len(self.schemas):
+            raise ValueError("the state's names or schemas repeat")
+
+    def _check_references(self, info_bytes: int) -> None:
+        """What the columns point into (schemas, names, values, entries) must exist."""
+        schema, end = self.column(self.res_schema), self.column(self.info_end)
+        if len(schema) and not 0 <= schema.min() <= schema.max() < len(self.schemas):
+            raise ValueError("inconsistent columns: a result's schema is not in the state's")
+        if len(self.pool) != self.value_starts(schema)[1]:
+            raise ValueError("inconsistent columns: the pool does not hold the results' values")
+        for column in (self.in_agent, self.in_server, self.res_agent):
+            ids = self.column(column)
+            if len(ids) and not _NO_NAME <= ids.min() <= ids.max() < len(self.names):
+                raise ValueError("inconsistent columns: a name id is not in the state's names")
+        if np.any(np.diff(end, prepend=0) < 0) or (end[-1] if len(end) else 0) != info_bytes:
+            raise ValueError("inconsistent columns: rollout info offsets do not fit the infos")
 
     def live(self) -> dict[str, RunningStats]:
         """Per-agent running moments of every numeric column over the unmasked results.

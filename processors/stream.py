@@ -1,31 +1,44 @@
-"""``rewardstream stream``: the Kafka stream processor (an aiokafka consumer group).
+"""``rewardstream stream``: the Kafka stream processor, sharing nothing with its peers but Kafka.
 
 faust-streaming 0.15.3 was measured to lose a record when a restarted worker finds a backlog
-(README, issue 2), so the processor is a plain aiokafka consumer feeding the shared
-:class:`processors.pipeline.Pipeline`.
+(README), so the processor is a plain aiokafka consumer feeding the engine's
+:class:`processors.pipeline.Pipeline`; its state lives in Kafka the way Kafka Streams' and Quix
+Streams' does (``../shared/spec/engine-on-kafka.md``):
 
-- Data (inputs and rollouts topics) is consumed in a consumer group with the range assignor, so
-  N processors split the partitions and partition ``p`` of both topics (the same tasks: both
-  are keyed by task) goes to the same processor. Each partition is a *unit* with its own
-  checkpoint in the shared ``<output-dir>/.checkpoint`` (every few seconds, when idle, and on
-  revocation); the next owner resumes it there, even after ``kill -9``, and deduplication by
-  (run, task, rollout) drops what the replay after the checkpoint delivers again.
-- Control events are read by every processor, from the start, outside the group: all of them
-  know every run. The owner of ``rollout-0`` (the leader) writes final profiles, merging the
-  other units' parts from their checkpoints once their manifests say the run is complete, or,
-  after "finished", once every unit has been consumed to where the log ended then.
+- **Data** (inputs and rollouts topics) is consumed in a consumer group with the range assignor,
+  so partition ``p`` of both topics (the same tasks: both are keyed by task) goes to one
+  processor. The data topics are the changelog: the offset committed for a partition is where
+  its state can be rebuilt from (the first offset of any run still open in it, with the
+  position in the commit's metadata), so a new owner, after a rebalance or a pod lost with
+  its disk, replays from there. ``--state-dir`` is scratch that may vanish at any time.
+- **Members** (``<prefix>.members``): each processor publishes what it owns (positions, counts
+  per run) and where it serves its parts; peers learn from it when a run is complete and whom
+  to ask for a part. Parts travel over HTTP as versioned bytes (:mod:`processors.partwire`).
+- **Finals** (``<prefix>.finals`` and ``<prefix>.profiles``): the owner of ``rollout-0`` (the
+  leader) merges every unit's part and writes the run's final files in one transaction
+  (:mod:`sinks.profiles`), which fences a paused-and-resumed leader; every processor reads the
+  final records, retires the run, and from then on parks the run's late events.
+- **Control** events are read by every processor, from the start, outside the group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
+import os
+import shutil
+import socket
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
+import orjson
 from aiokafka import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
@@ -34,55 +47,91 @@ from aiokafka import (
     TopicPartition,
 )
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError
 
-from processors.checkpoint import CheckpointStore
 from processors.http import make_app, serve
-from processors.pipeline import EventKind, Pipeline, Rejected
-from processors.runs import Run, Unit
+from processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
+from processors.pipeline import EventKind, Late, Pipeline, Rejected, RemoteUnit
+from processors.profile import build_profile
+from processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
 from rewardstream.contract import Topics
+from rewardstream.engine_contract import (
+    EngineTopics,
+    FinalRecord,
+    MemberRecord,
+    UnitFinal,
+    UnitProgress,
+    decode_final,
+    decode_member,
+    encode_record,
+)
+from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
+from sinks.files import ProfilePaths, write_files, write_profile
 from sinks.metrics import Metrics
+from sinks.profiles import ensure_topics, fetch_profile, publish_final, read_finals
 
 __all__ = ["MAX_EVENT_BYTES", "StreamProcessor"]
 
 log = logging.getLogger(__name__)
 
-_PEERS_EVERY = 0.5  # seconds between reads of the peers' manifests
+_MEMBER_EVERY = 0.5  # seconds between member records while something changed
+_MEMBER_RENEW = 5.0  # and at least this often
 _BATCH = 10_000  # records per fetched batch
 _SLICE = 2_000  # records applied between two chances for the fetcher to run
 _GC_YOUNG = 50_000  # allocations between young collections while processing (CPython: 700)
+_PART_TIMEOUT = aiohttp.ClientTimeout(total=120, sock_connect=5)
 MAX_EVENT_BYTES = 1 << 20  # larger events are dead letters ("oversized"), never parsed
 DEAD_LETTER_CUT = 64 << 10  # what is kept of a dead letter too large to park whole
+COMMIT_FORMAT = 1  # version of the JSON in a committed offset's metadata
 
 Batch = dict[TopicPartition, list[ConsumerRecord]]
 
+# glibc keeps freed heap pages resident (a final profile's build frees hundreds of MB, in
+# pieces): malloc_trim hands them back once a run is retired. None where libc has no such call.
+_malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+
+
+class Unavailable(RewardstreamError):
+    """A unit's part cannot be had right now (no owner yet, owner unreachable or behind)."""
+
 
 class StreamProcessor:
-    """Consume inputs, rollouts and control events; write each run's final profile."""
+    """Consume inputs, rollouts and control events; finish each run exactly once."""
 
     def __init__(
         self,
         bootstrap: str,
-        output_dir: Path,
+        output_dir: Path | None,
         topics: Topics | None = None,
         group_id: str | None = None,
         checkpoint_every: float = 5.0,
         security: KafkaSecurity | None = None,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        state_dir: Path | None = None,
+        advertise: str | None = None,
+        evict_after: float = 24 * 3600.0,
     ) -> None:
         self.bootstrap = bootstrap
         self.security = security or KafkaSecurity.from_env()  # SASL/TLS for every client
         self.topics = topics or Topics.for_prefix()
-        self.group_id = group_id or f"{self.topics.inputs.rsplit('.', 1)[0]}-profiler"
-        self.store = CheckpointStore(output_dir / ".checkpoint")
+        self.prefix = self.topics.control.removesuffix(".control")
+        self.engine_topics = EngineTopics.of(self.topics)
+        self.group_id = group_id or f"{self.prefix}-profiler"
+        self.output_dir = output_dir
+        self._own_state = state_dir is None  # a fresh temporary folder, removed at the end
+        self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="rewardstream-state-"))
+        self.member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.advertise = advertise
+        self.url: str | None = None  # where this processor serves its parts, once it does
+        self.evict_after = evict_after
         self.metrics = Metrics(lambda: self.pipeline.runs, self.lag)
         self.pipeline = Pipeline(
-            output_dir,
+            output_dir or self.state_dir / "finals",
             on_reject=self._reject,
             metrics=self.metrics,
-            peers=self.store,
             max_event_bytes=max_event_bytes,
+            state_dir=self.state_dir / "parts",
         )
         self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
         self._parking = 0  # dead letters sent but not yet acknowledged
@@ -96,34 +145,58 @@ class StreamProcessor:
         self._generation = 0  # assignments so far: batches fetched under an older one are stale
         self.assigned_at: float | None = None  # time.monotonic() of the last partition assignment
         self.checkpoint_every = checkpoint_every
+        self._members: dict[str, MemberRecord] = {}  # the group's latest record per member
+        self._owners: dict[str, MemberRecord] = {}  # unit -> the member that owns it
+        self._moved: set[str] = set()  # units consumed since their last commit
+        self._unplaced: set[str] = set()  # new units whose committed offset is not read yet
+        self._late = 0  # units being read again for late events to park: no commit meanwhile
+        self._finishing: set[str] = set()  # runs whose final is being written
+        self._changed = True  # something a member record says changed since the last one
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # finals being written
 
     def unit_name(self, tp: TopicPartition) -> str:
         return f"{self._kinds[tp.topic]}-{tp.partition}"
 
+    # -- running ------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event, http: tuple[str, int] | None = None) -> None:
-        """Process until ``stop`` is set, serving snapshots on ``http`` (host, port) if given."""
+        """Process until ``stop`` is set, serving parts, snapshots and metrics on ``http``
+        (host, port; default 127.0.0.1 on a free port: peers ask every processor for parts)."""
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(_young_collections(_GC_YOUNG))
+            if self._own_state:
+                stack.callback(shutil.rmtree, self.state_dir, True)
             stack.callback(self.pipeline.close)
-            if http is not None:
-                runner = await serve(make_app(self.pipeline, self.metrics.registry), *http)
-                stack.push_async_callback(runner.cleanup)
+            app = make_app(self.pipeline, self.metrics.registry, self)
+            host, port = http or ("127.0.0.1", 0)
+            runner, bound = await serve(app, host, port)
+            stack.push_async_callback(runner.cleanup)
+            shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+            self.url = self.advertise or f"http://{_url_host(shown)}:{bound}"
+            log.info("serving snapshots, parts and metrics on http://%s:%d", _url_host(host), bound)
+            self._claim_output_dir()
+            await ensure_topics(self.bootstrap, self.security, self.engine_topics)
+            self._session = aiohttp.ClientSession(timeout=_PART_TIMEOUT)
+            stack.push_async_callback(self._session.close)
             secure = self.security.client_kwargs()
             producer = AIOKafkaProducer(
                 bootstrap_servers=self.bootstrap, enable_idempotence=True, **secure
             )
             await start_client(producer, self.bootstrap, self.security)
             stack.push_async_callback(producer.stop)
-            control = AIOKafkaConsumer(
-                self.topics.control,
-                bootstrap_servers=self.bootstrap,
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                **secure,
-            )
+            finals = self._reader()
+            await start_client(finals, self.bootstrap, self.security)
+            stack.push_async_callback(finals.stop)
+            async for record in read_finals(finals, self.engine_topics.finals, self.prefix, None):
+                self._final(record)  # every run already finished is known before any data
+            control = self._reader()
+            control.subscribe([self.topics.control])
             await start_client(control, self.bootstrap, self.security)
             stack.push_async_callback(control.stop)
+            members = self._reader()
+            members.subscribe([self.engine_topics.members])
+            await start_client(members, self.bootstrap, self.security)
+            stack.push_async_callback(members.stop)
             data = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
                 group_id=self.group_id,
@@ -136,13 +209,17 @@ class StreamProcessor:
             data.subscribe(list(self._kinds), listener=_Rebalance(self, data))
             await start_client(data, self.bootstrap, self.security)
             stack.push_async_callback(data.stop)
-            stack.callback(self.save_checkpoint)
+            stack.push_async_callback(self._leave, producer)
+            stack.push_async_callback(self.commit)
             self._data = data
             fetched: asyncio.Queue[tuple[int, Batch]] = asyncio.Queue(maxsize=1)
             loops = [
                 asyncio.create_task(self._fetch(data, fetched)),
                 asyncio.create_task(self._consume(fetched, producer, stop)),
                 asyncio.create_task(self._control(control, producer, stop)),
+                asyncio.create_task(self._tail_finals(finals, stop)),
+                asyncio.create_task(self._tail_members(members, stop)),
+                asyncio.create_task(self._announce(producer, stop)),
             ]
             try:
                 await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
@@ -153,6 +230,40 @@ class StreamProcessor:
                 for task in loops:
                     task.cancel()
                 await asyncio.gather(*loops, return_exceptions=True)
+
+    def _claim_output_dir(self) -> None:
+        """``--output-dir`` mirrors one group's finals: a folder another group or prefix
+        writes to would mix two profilers' files under one run id, so it is refused."""
+        if self.output_dir is None:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        claim = self.output_dir / ".rewardstream-owner.json"
+        mine = self.identity()
+        with contextlib.suppress(FileExistsError), open(claim, "xb") as fh:
+            fh.write(orjson.dumps(mine))
+        try:
+            theirs = orjson.loads(claim.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise InputError(
+                f"--output-dir {self.output_dir}: unreadable {claim.name}: {exc}"
+            ) from None
+        if theirs != mine:
+            raise InputError(
+                f"--output-dir {self.output_dir} holds the final profiles of group "
+                f"{theirs.get('group')!r} (topic prefix {theirs.get('prefix')!r}); this processor "
+                f"is group {self.group_id!r} (prefix {self.prefix!r}): give it another folder"
+            )
+
+    def _reader(self) -> AIOKafkaConsumer:
+        """A consumer outside the group, from the start, of committed records only."""
+        return AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            **self.security.client_kwargs(),
+        )
 
     def lag(self) -> dict[str, int]:
         """Messages between this processor's position and the log end, per partition."""
@@ -166,15 +277,37 @@ class StreamProcessor:
                 out[f"{tp.topic}:{tp.partition}"] = max(0, end - unit.position)
         return out
 
-    def save_checkpoint(self) -> None:
-        """Checkpoint every owned unit that changed since its last checkpoint; not while
-        rejected events wait to be parked (a restart must meet them again)."""
-        if self._rejected or self._parking:
+    # -- offsets ------------------------------------------------------------------------------
+    async def commit(self, names: set[str] | None = None) -> None:
+        """Commit, for each owned unit consumed since its last commit, where its state can be
+        rebuilt from; not while rejected events wait to be parked (a restart must meet them
+        again). A processor that lost its partitions meanwhile (a zombie) is refused by the
+        group coordinator: nothing of it is rolled back."""
+        consumer = self._data
+        if consumer is None or self._rejected or self._parking or self._late:
             return
-        for unit in self.pipeline.units.values():
-            if unit.dirty:
-                self.store.save(unit)
+        todo = self._moved if names is None else self._moved & names
+        offsets = {}
+        for name in todo:
+            unit = self.pipeline.units.get(name)
+            if unit is not None:
+                meta = orjson.dumps({"v": COMMIT_FORMAT, "position": unit.position}).decode()
+                kind, _, partition = name.rpartition("-")
+                topic = self.topics.inputs if kind == "input" else self.topics.rollouts
+                offsets[TopicPartition(topic, int(partition))] = (
+                    self.pipeline.replay_start(name),
+                    meta,
+                )
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            log.warning("offsets not committed (%s): the group has moved on", exc)
+            return
+        self._moved -= todo
 
+    # -- dead letters -------------------------------------------------------------------------
     def _reject(self, rejected: Rejected) -> None:
         at = self._at
         source = f"{at.topic}:{at.partition}:{at.offset}" if at is not None else ""
@@ -195,7 +328,7 @@ class StreamProcessor:
         park raises: the offsets are not saved, so a restarted processor parks them again.
         """
         rejected, self._rejected = self._rejected, []
-        self._parking += len(rejected)  # until delivered: no checkpoint may cover them
+        self._parking += len(rejected)  # until delivered: no commit may cover them
         sent = []
         for event, at in rejected:
             try:
@@ -229,6 +362,7 @@ class StreamProcessor:
         )
         return delivery
 
+    # -- partitions ---------------------------------------------------------------------------
     def data_partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         """Every partition of the inputs and rollouts topics, as far as ``consumer`` knows."""
         return [
@@ -237,16 +371,384 @@ class StreamProcessor:
             for p in sorted(consumer.partitions_for_topic(topic) or ())
         ]
 
+    def all_units(self) -> set[str] | None:
+        """Every data unit's name; None while the topics' metadata is not known yet."""
+        consumer = self._data
+        if consumer is None or any(consumer.partitions_for_topic(t) is None for t in self._kinds):
+            return None
+        return {self.unit_name(tp) for tp in self.data_partitions(consumer)}
+
     async def _end_offsets(self) -> dict[str, int] | None:
         """The log end offset of every data partition, by unit name; None while the consumer
         has no metadata for a data topic yet (just after a start): a partial answer would let
         a finished run end before the other partitions' data is consumed."""
-        assert self._data is not None
-        if any(self._data.partitions_for_topic(topic) is None for topic in self._kinds):
+        if self.all_units() is None:
             return None
+        assert self._data is not None
         ends = await self._data.end_offsets(self.data_partitions(self._data))
         return {self.unit_name(tp): end for tp, end in ends.items()}
 
+    # -- members ------------------------------------------------------------------------------
+    def _record(self) -> MemberRecord:
+        units = {}
+        for name, unit in self.pipeline.units.items():
+            runs = {
+                run_id: (part.inputs, part.rollouts)
+                for run_id, part in unit.parts.items()
+                if part.final is None
+            }
+            units[name] = UnitProgress(position=unit.position, runs=runs)
+        generation = self._data._coordinator.generation if self._data is not None else -1
+        return MemberRecord(
+            prefix=self.prefix,
+            group=self.group_id,
+            member=self.member,
+            generation=generation,
+            url=self.url,
+            units=units,
+            at=time.time(),
+        )
+
+    async def _announce(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
+        """Publish this member's record while something changed (and now and then anyway)."""
+        last = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            if self._changed or now - last >= _MEMBER_RENEW:
+                self._changed = False
+                record = self._record()
+                await producer.send(
+                    self.engine_topics.members, encode_record(record), key=self.member.encode()
+                )
+                self._members[self.member] = record
+                last = now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _MEMBER_EVERY)
+
+    async def _leave(self, producer: AIOKafkaProducer) -> None:
+        """A tombstone for this member's record: peers stop asking it for parts."""
+        with contextlib.suppress(KafkaError):
+            await producer.send_and_wait(self.engine_topics.members, None, key=self.member.encode())
+
+    async def _tail_members(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for record in records:
+                    member = (record.key or b"").decode()
+                    if record.value is None:
+                        self._members.pop(member, None)
+                        continue
+                    decoded = decode_member(record.value, self.prefix)
+                    if decoded.group == self.group_id:
+                        self._members[member] = decoded
+            if batch:
+                self._update_owners()
+
+    def _update_owners(self) -> None:
+        """Each unit's owner: the member that claims it in the newest generation (a member
+        paused past its session timeout still claims its old units, in an older one)."""
+        owners: dict[str, MemberRecord] = {}
+        for record in self._members.values():
+            for name in record.units:
+                held = owners.get(name)
+                if held is None or (record.generation, record.at) > (held.generation, held.at):
+                    owners[name] = record
+        self._owners = owners
+        self.pipeline.set_remote(
+            {
+                name: RemoteUnit(
+                    record.units[name].position,
+                    {r: Counts(*c) for r, c in record.units[name].runs.items()},
+                )
+                for name, record in owners.items()
+                if record.member != self.member and name not in self.pipeline.units
+            }
+        )
+
+    # -- parts --------------------------------------------------------------------------------
+    def identity(self) -> dict[str, str]:
+        """What a part request and a part must match: parts never cross groups or prefixes."""
+        return {"prefix": self.prefix, "group": self.group_id}
+
+    async def gather(
+        self, run_id: str, at_least: dict[str, int] | None = None
+    ) -> tuple[dict[str, PartView], dict[str, int]]:
+        """The run's parts of every unit not owned here, from their owners, with the offset each
+        covers; raises :class:`Unavailable` when a unit has no reachable owner, or one behind
+        ``at_least`` (a finished run's ends)."""
+        every = self.all_units()
+        if every is None:
+            raise Unavailable("the data topics' partitions are not known yet")
+        missing = every - set(self.pipeline.units)
+        by_url: dict[str, set[str]] = {}
+        for name in sorted(missing):
+            owner = self._owners.get(name)
+            if owner is None or owner.member == self.member or owner.url is None:
+                raise Unavailable(f"partition {name} has no owner serving parts right now")
+            by_url.setdefault(owner.url, set()).add(name)
+        answers = await asyncio.gather(
+            *(self._fetch_parts(url, run_id) for url in by_url), return_exceptions=True
+        )
+        parts: dict[str, PartView] = {}
+        offsets: dict[str, int] = {}
+        for (url, names), answer in zip(by_url.items(), answers, strict=True):
+            if isinstance(answer, BaseException):
+                raise Unavailable(f"cannot get parts from {url}: {answer}") from None
+            positions, received = answer
+            for name in names:
+                if name not in positions:
+                    raise Unavailable(f"{url} no longer owns partition {name}")
+                offsets[name] = positions[name]
+            parts |= {n: p for n, p in received.items() if n in names}
+        for name, end in (at_least or {}).items():
+            if offsets.get(name, end) < end:
+                raise Unavailable(f"partition {name} is consumed to {offsets[name]} of {end}")
+        return parts, offsets
+
+    async def _fetch_parts(
+        self, url: str, run_id: str
+    ) -> tuple[dict[str, int], dict[str, ReceivedPart]]:
+        assert self._session is not None
+        async with self._session.get(f"{url}/parts/{run_id}", params=self.identity()) as response:
+            body = await response.read()
+            if response.status != 200 or response.content_type != PART_LIST_TYPE:
+                raise Unavailable(f"HTTP {response.status}: {body[:200].decode(errors='replace')}")
+        return decode_answer(body, {**self.identity(), "run_id": run_id})
+
+    # -- finishing runs -----------------------------------------------------------------------
+    def _final(self, record: FinalRecord) -> None:
+        """A terminal record read from the finals topic (this group's only)."""
+        if record.group != self.group_id:
+            return
+        done = Done(
+            record.inputs,
+            record.rollouts,
+            {
+                n: PartCounts(u.inputs, u.rollouts, u.duplicates, u.tasks)
+                for n, u in record.units.items()
+            },
+            {n: u.cut for n, u in record.units.items()},
+            record.stem,
+            record.state == "evicted",
+        )
+        run = self.pipeline.runs.get(record.run_id)
+        if run is None or run.terminal is None:
+            log.info("run %s: %s record read", record.run_id, record.state)
+        held = run is not None and bool(run.parts)
+        for late in self.pipeline.mark_final(record.run_id, done):
+            self._late += 1  # until parked: no commit may move past these events
+            task = asyncio.create_task(self._park_late(late))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if held and _malloc_trim is not None:
+            _malloc_trim(0)
+        self._changed = True
+
+    async def _park_late(self, late: Late) -> None:
+        """Read a unit again from the final's cut to where it was, and reject every event of
+        the run found there: they came too late for the final, and none is dropped silently."""
+        kind, _, partition = late.unit.rpartition("-")
+        topic = self.topics.inputs if kind == "input" else self.topics.rollouts
+        tp = TopicPartition(topic, int(partition))
+        reader = self._reader()
+        found = 0
+        try:
+            await start_client(reader, self.bootstrap, self.security)
+            reader.assign([tp])
+            reader.seek(tp, late.cut)
+            while await reader.position(tp) < late.position:
+                for record in (await reader.getmany(tp, timeout_ms=500)).get(tp, []):
+                    if record.offset >= late.position:
+                        break
+                    if _run_of(record.value or b"") == late.run_id:
+                        self._at = record
+                        self.pipeline.reject_late(
+                            self._kinds[topic], record.value or b"", late.run_id
+                        )
+                        found += 1
+        finally:
+            await reader.stop()
+            self._late -= 1
+        log.warning(
+            "run %s: %d events in %s [%d, %d) came after its final profile; parked (%d expected)",
+            late.run_id,
+            found,
+            late.unit,
+            late.cut,
+            late.position,
+            late.events,
+        )
+
+    async def _tail_finals(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for record in records:
+                    if record.value is not None:
+                        self._final(decode_final(record.value, self.prefix))
+
+    async def _maybe_finish(self, run: Run) -> None:
+        """Write the run's final profile, if this processor leads and the run is ready; on
+        anything not ready yet (a peer's part), try again with the next batch."""
+        if (
+            not self.pipeline.leader
+            or run.run_id in self._finishing
+            or not self.pipeline.ready(run)
+        ):
+            return
+        self._finishing.add(run.run_id)
+        try:
+            await self._finish(run)
+        except Unavailable as exc:
+            log.info("run %s: final profile waits: %s", run.run_id, exc)
+        except KafkaError as exc:  # e.g. fenced: a newer leader finishes the run
+            log.warning("run %s: final profile not written here: %r", run.run_id, exc)
+        finally:
+            self._finishing.discard(run.run_id)
+
+    async def _finish(self, run: Run) -> None:
+        received, offsets = await self.gather(run.run_id, run.finish_at)
+        if run.terminal is not None:
+            return
+        parts: dict[str, PartView] = {**received, **run.parts}
+        cuts = {**offsets, **{n: u.position for n, u in self.pipeline.units.items()}}
+        partial = not run.complete
+        merged = merge_parts(parts[n] for n in sorted(parts))
+        if not partial and merged.state.num_results != run.expected:
+            raise Unavailable(f"{merged.state.num_results} of {run.expected} rollouts gathered")
+        if partial:
+            log.warning(
+                "run %s finished incomplete (%d of %s rollouts): writing a partial profile",
+                run.run_id,
+                merged.state.num_results,
+                run.expected if run.expected is not None else "?",
+            )
+        folder = self.state_dir / "finals" / run.run_id
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = run.started.output_stem if run.started else "rollouts"
+        paths = ProfilePaths.next_to(folder / f"{stem}.jsonl")
+        try:
+            write_profile(build_profile(merged.state, partial), paths, merged.sample)
+        except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
+            run.error = str(exc)
+            log.error("run %s: no final profile: %s", run.run_id, exc)
+            return
+        del merged
+        counts = Pipeline.counts_by_unit(parts)
+        record = FinalRecord(
+            prefix=self.prefix,
+            group=self.group_id,
+            run_id=run.run_id,
+            state="final",
+            stem=stem,
+            partial=partial,
+            inputs=sum(c.inputs for c in counts.values()),
+            rollouts=sum(c.rollouts for c in counts.values()),
+            expected=run.expected,
+            units={
+                n: UnitFinal(
+                    inputs=c.inputs,
+                    rollouts=c.rollouts,
+                    duplicates=c.duplicates,
+                    tasks=c.tasks,
+                    cut=cuts.get(n, 0),
+                )
+                for n, c in counts.items()
+            },
+            written_by=self.member,
+            at=time.time(),
+        )
+        standing = await publish_final(
+            self.bootstrap, self.security, self.engine_topics, record, list(paths)
+        )
+        if standing.written_by == self.member:
+            self._mirror(run.run_id, paths)
+            log.info("run %s: final profile written (%d rollouts)", run.run_id, standing.rollouts)
+        self._final(standing)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def _mirror(self, run_id: str, paths: ProfilePaths) -> None:
+        """The final files in ``--output-dir`` too (atomically), where users look for them."""
+        if self.output_dir is None:
+            return
+        stem = paths.reward_profiling.name.removesuffix("_reward_profiling.jsonl")
+        target = ProfilePaths.next_to(self.output_dir / run_id / f"{stem}.jsonl")
+        target.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            write_files([(t, _blocks(p)) for t, p in zip(target, paths, strict=True)])
+        except RewardstreamError as exc:
+            log.error(
+                "run %s: the final profile is in Kafka but not in %s: %s",
+                run_id,
+                self.output_dir,
+                exc,
+            )
+
+    async def final_files(self, run_id: str) -> ProfilePaths:
+        """A done run's final files on this host: the mirror, or fetched from Kafka."""
+        run = self.pipeline.runs[run_id]
+        assert run.terminal is not None
+        if self.output_dir is not None:
+            mirror = self.pipeline.paths(run)
+            if all(p.exists() for p in mirror):
+                return mirror
+        folder = self.state_dir / "fetched" / run_id
+        return await fetch_profile(
+            self.bootstrap,
+            self.security,
+            self.engine_topics,
+            self.prefix,
+            self.group_id,
+            run_id,
+            folder,
+            timeout=30,
+        )
+
+    async def _evict_idle(self) -> None:
+        """Evict runs that never finish (no event for ``evict_after`` seconds): a terminal
+        record, so every processor drops them and parks their later events."""
+        if not self.pipeline.leader:
+            return
+        for run in self.pipeline.idle_runs(time.monotonic(), self.evict_after):
+            if run.run_id in self._finishing:
+                continue
+            log.warning(
+                "run %s: no event for %.0fs, evicting it unfinished (%d rollouts held)",
+                run.run_id,
+                self.evict_after,
+                run.rollouts,
+            )
+            record = FinalRecord(
+                prefix=self.prefix,
+                group=self.group_id,
+                run_id=run.run_id,
+                state="evicted",
+                stem=run.started.output_stem if run.started else "rollouts",
+                partial=True,
+                inputs=run.inputs,
+                rollouts=run.rollouts,
+                expected=run.expected,
+                units={
+                    n: UnitFinal(inputs=0, rollouts=0, duplicates=0, tasks=0, cut=p)
+                    for n, p in self.pipeline.positions().items()
+                },
+                written_by=self.member,
+                at=time.time(),
+            )
+            self._finishing.add(run.run_id)
+            try:
+                self._final(
+                    await publish_final(
+                        self.bootstrap, self.security, self.engine_topics, record, []
+                    )
+                )
+            except KafkaError as exc:
+                log.warning("run %s: not evicted here: %r", run.run_id, exc)
+            finally:
+                self._finishing.discard(run.run_id)
+
+    # -- consuming ----------------------------------------------------------------------------
     async def _control(
         self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, stop: asyncio.Event
     ) -> None:
@@ -259,10 +761,8 @@ class StreamProcessor:
                 for record in records:
                     self._at = record
                     run = self.pipeline.handle("control", record.value or b"")
-                    if run is not None:
-                        if run.finished and not run.finish_at:
-                            run.finish_at = ends
-                        self.pipeline.maybe_finish(run)
+                    if run is not None and run.finished and not run.finish_at:
+                        run.finish_at = ends
             if self._rejected:
                 await self._dead_letters(producer)
 
@@ -281,33 +781,53 @@ class StreamProcessor:
         producer: AIOKafkaProducer,
         stop: asyncio.Event,
     ) -> None:
-        last_save = last_peers = time.monotonic()
+        last_commit = last_evict = time.monotonic()
         while not stop.is_set():
             generation, batch = await fetched.get()
             if generation != self._generation:  # fetched before a rebalance: positions moved
                 continue
-            touched: dict[str, Run] = {}
+            if self._unplaced:
+                await self._place()
             for tp, records in batch.items():
-                await self._apply(tp, records, touched)
-            now = time.monotonic()
-            if self.pipeline.peer_units and now - last_peers >= _PEERS_EVERY:
-                self.pipeline.refresh_peers()
-                last_peers = now
-                touched |= {r.run_id: r for r in self.pipeline.runs.values() if not r.done}
-            touched |= {r.run_id: r for r in self.pipeline.runs.values() if r.finished}
-            for run in touched.values():
-                if run.finished and run.finish_at is None:  # ends unknown when it was read
-                    run.finish_at = await self._end_offsets()
-                self.pipeline.maybe_finish(run)
+                await self._apply(tp, records)
             if self._rejected:
                 await self._dead_letters(producer)
-            if not batch or now - last_save >= self.checkpoint_every:
-                self.save_checkpoint()  # when idle too, so peers see a finished share at once
-                last_save = now
+            for run in list(self.pipeline.runs.values()):
+                if run.terminal is not None:
+                    continue
+                if run.finished and run.finish_at is None:  # ends unknown when it was read
+                    run.finish_at = await self._end_offsets()
+                if self.pipeline.ready(run) and run.run_id not in self._finishing:
+                    task = asyncio.create_task(self._maybe_finish(run))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            now = time.monotonic()
+            if not batch or now - last_commit >= self.checkpoint_every:
+                await self.commit()
+                last_commit = now
+            if now - last_evict >= 1.0:
+                await self._evict_idle()
+                last_evict = now
 
-    async def _apply(
-        self, tp: TopicPartition, records: list[ConsumerRecord], touched: dict[str, Run]
-    ) -> None:
+    async def _place(self) -> None:
+        """A new unit is consumed from its committed offset: everything before it belongs to
+        runs that are closed, so that is its position until a record moves it (a partition
+        with no new record must not look unconsumed to a finished run's end offsets)."""
+        consumer = self._data
+        assert consumer is not None
+        for name in list(self._unplaced):
+            unit = self.pipeline.units.get(name)
+            self._unplaced.discard(name)
+            if unit is None:
+                continue
+            kind, _, partition = name.rpartition("-")
+            topic = self.topics.inputs if kind == "input" else self.topics.rollouts
+            committed = await consumer.committed(TopicPartition(topic, int(partition)))
+            if committed is not None and committed > unit.position:
+                unit.position = committed
+                self._changed = True
+
+    async def _apply(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
         """Apply one partition's records, a slice at a time: between slices the fetcher (and a
         rebalance) may run; a unit revoked meanwhile is left, from the record it stopped at."""
         name, kind = self.unit_name(tp), self._kinds[tp.topic]
@@ -318,19 +838,38 @@ class StreamProcessor:
             part = records[start : start + _SLICE]
             runs = None
             if kind == "rollout":
-                runs = self.pipeline.handle_rollouts([r.value or b"" for r in part], name)
+                runs = self.pipeline.handle_rollouts(
+                    [r.value or b"" for r in part], name, [r.offset for r in part]
+                )
             if runs is None:  # inputs, or a slice with an event to reject (named by self._at)
-                runs = []
                 for record in part:
                     self._at = record
-                    run = self.pipeline.handle(kind, record.value or b"", name)
-                    if run is not None:
-                        runs.append(run)
-            touched |= {run.run_id: run for run in runs}
+                    self.pipeline.handle(kind, record.value or b"", name, record.offset)
             self.consumed += len(part)
             unit.position = part[-1].offset + 1
-            unit.dirty = True
+            self._moved.add(name)
+            self._changed = True
             await asyncio.sleep(0)
+
+
+def _blocks(path: Path) -> Iterator[bytes]:
+    """A file's bytes a MiB at a time (a final profile can be hundreds of MiB)."""
+    with open(path, "rb") as fh:
+        yield from iter(lambda: fh.read(1 << 20), b"")
+
+
+def _run_of(raw: bytes) -> str | None:
+    """An event's run id, or None when it has none (such an event was rejected already)."""
+    try:
+        event = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    run_id = event.get("run_id") if isinstance(event, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 @contextlib.contextmanager
@@ -351,35 +890,41 @@ def _young_collections(threshold: int) -> Iterator[None]:
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Units follow their partitions: checkpointed when revoked, resumed when assigned."""
+    """Units follow their partitions: committed when revoked; kept when assigned back (their
+    state is a fold of the log up to their position, whoever held them meanwhile), rebuilt
+    from the committed offset when new."""
 
     def __init__(self, processor: StreamProcessor, consumer: AIOKafkaConsumer) -> None:
         self.processor, self.consumer = processor, consumer
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        pipeline, store = self.processor.pipeline, self.processor.store
-        self.processor._generation += 1
-        for tp in revoked:
-            unit = pipeline.units.get(self.processor.unit_name(tp))
-            if unit is not None:
-                if unit.dirty:
-                    store.save(unit)
-                pipeline.release(unit.name)
+        processor = self.processor
+        processor._generation += 1
+        await processor.commit({processor.unit_name(tp) for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         processor, pipeline = self.processor, self.processor.pipeline
         processor.assigned_at = time.monotonic()
         processor._generation += 1
-        for tp in assigned:
-            name = processor.unit_name(tp)
-            if name in pipeline.units:
-                continue
-            unit = processor.store.load(name) or Unit(name, pipeline.output_dir)
-            pipeline.adopt(unit)
-            if unit.position:
-                self.consumer.seek(tp, unit.position)
         owned = {processor.unit_name(tp) for tp in assigned}
+        for name in set(pipeline.units) - owned:
+            pipeline.release(name)
+            processor._moved.discard(name)
+        for tp in assigned:
+            unit = pipeline.units.get(processor.unit_name(tp))
+            if unit is not None and unit.position:
+                self.consumer.seek(tp, unit.position)  # kept: go on from where it is
+            else:
+                pipeline.unit(processor.unit_name(tp))  # new: from the committed offset
+                processor._unplaced.add(processor.unit_name(tp))
         every = {processor.unit_name(tp) for tp in processor.data_partitions(self.consumer)}
         pipeline.leader = "rollout-0" in owned or not every - owned
-        pipeline.set_peer_units(every - owned)
+        processor._changed = True
+        if not owned:
+            log.warning(
+                "this processor owns no partition: group %s has more members than the data "
+                "topics have partitions (%d); it serves snapshots but folds nothing",
+                processor.group_id,
+                len(every) // 2,
+            )
         log.info("assigned %s; leader=%s", sorted(owned), pipeline.leader)

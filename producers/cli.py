@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,20 +32,47 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--rollouts", required=True, type=Path, help="the rollouts .jsonl file")
     p.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
     p.add_argument(
-        "--run-id", help="default: <rollouts stem>-<hash of its path>, stable across republishes"
+        "--run-id",
+        help="default: <rollouts stem>-<8 hex> naming this collection (from the inputs file's "
+        "identity): the same for a republish of the same files or a resumed collection, new "
+        "for a new collection written to the same path",
     )
     p.add_argument("--topic-prefix", default="rewardstream")
     p.add_argument(
         "--follow",
         action="store_true",
-        help="keep tailing the rollouts file while a collection appends to it",
+        help="keep tailing the rollouts file while a collection appends to it; the run is "
+        "finished once every expected rollout (one per input row) was published, and Ctrl-C/"
+        "SIGTERM stops without finishing it",
     )
     p.add_argument(
+        "--finish-when-idle",
         "--idle-timeout",
         type=float,
-        default=30.0,
         metavar="S",
-        help="with --follow: finish the run after S seconds without a new line (default 30)",
+        help="with --follow: also finish the run after S seconds without a new line (off by "
+        "default; --idle-timeout is its deprecated old name)",
+    )
+    p.add_argument(
+        "--finish-on-stop",
+        action="store_true",
+        help="with --follow: Ctrl-C/SIGTERM finishes the run (a partial final profile)",
+    )
+    p.add_argument(
+        "--wait-profile",
+        action="store_true",
+        help="once the run is finished, wait for the processors' final profile and write it "
+        "next to the rollouts file, where ng_reward_profile would",
+    )
+    p.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="with --wait-profile: give up after S seconds (600)",
+    )
+    p.add_argument(
+        "--group-id", help="with --wait-profile: the processors' group (default <prefix>-profiler)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     kafka_options.add_arguments(p)
@@ -52,12 +80,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    from producers.publish import default_run_id  # imported when run: see rewardstream.cli
+    from producers.run_id import default_run_id  # imported when run: see rewardstream.cli
 
     try:
         report = asyncio.run(_publish(args))
     except LineError as exc:  # lines are sent as they are read: say what the topics now hold
-        run_id = args.run_id or default_run_id(args.rollouts)
+        run_id = args.run_id or default_run_id(args.inputs, args.rollouts.stem)
         raise InputError(
             f"{exc} (publishing stopped at this line: the lines before it were published and "
             f"run {run_id!r} was left unfinished; once the line is fixed, publish again: "
@@ -67,7 +95,34 @@ def _cmd_publish(args: argparse.Namespace) -> int:
         f"published run_id={report.run_id} inputs={report.inputs_sent} "
         f"rollouts={report.rollouts_sent} in {report.seconds:.2f}s"
     )
+    if not report.finished:
+        print(
+            f"stopped following: run {report.run_id!r} was left open (no run_finished); to "
+            "finish it, publish the same files without --follow and with --run-id "
+            f"{report.run_id} (events already sent are dropped as duplicates)",
+            file=sys.stderr,
+        )
+    elif args.wait_profile:
+        print(*asyncio.run(_wait(args, report.run_id)), sep="\n")
     return 0
+
+
+async def _wait(args: argparse.Namespace, run_id: str) -> list[str]:
+    from producers.wait import wait_profile
+    from rewardstream import kafka_config
+    from rewardstream.contract import Topics
+    from sinks.files import profile_lines
+
+    paths = await wait_profile(
+        args.bootstrap,
+        Topics.for_prefix(args.topic_prefix),
+        args.group_id,
+        run_id,
+        args.rollouts.parent,
+        args.wait_timeout,
+        kafka_config.from_args(args),
+    )
+    return profile_lines(paths)
 
 
 async def _publish(args: argparse.Namespace) -> PublishReport:
@@ -77,7 +132,7 @@ async def _publish(args: argparse.Namespace) -> PublishReport:
 
     security = kafka_config.from_args(args)  # a bad setting fails before anything starts
     stop = asyncio.Event()
-    if args.follow:  # a graceful stop still publishes RunFinished; without --follow, Ctrl-C aborts
+    if args.follow:  # a stop sends what is complete, then ends; without --follow, Ctrl-C aborts
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
@@ -88,7 +143,8 @@ async def _publish(args: argparse.Namespace) -> PublishReport:
         run_id=args.run_id,
         topics=Topics.for_prefix(args.topic_prefix),
         follow=args.follow,
-        idle_timeout=args.idle_timeout,
+        finish_when_idle=args.finish_when_idle,
+        finish_on_stop=args.finish_on_stop,
         stop=stop,
         progress=not args.quiet,
         security=security,

@@ -3,7 +3,7 @@ r"""``ng_collect_rollouts``: POST every materialized row to its agent's ``/run``
     ng_collect_rollouts +agent_name=A +input_jsonl_fpath=I +output_jsonl_fpath=D/S.jsonl \
         [+num_repeats=N] [+num_samples_in_parallel=P] [+limit=L] [+num_repeats_add_seed=true] \
         [+resume_from_cache=true] [+responses_create_params.temperature=T] \
-        [+kafka_bootstrap_servers=HOST:PORT]
+        [+kafka_bootstrap_servers=HOST:PORT [+kafka_wait_profile=true]]
 
 Files, as NeMo Gym names them: ``D/S_materialized_inputs.jsonl`` (spec §1.3), ``D/S.jsonl``
 (results in completion order, flushed line by line), ``D/S_failures.jsonl`` (one row per failed
@@ -20,13 +20,17 @@ the sidecar (its ``route_failures_to_sidecar``) instead of aborting the run.
 With ``+kafka_bootstrap_servers`` every materialized row, ``RunStarted``, each completed rollout
 (as it completes) and ``RunFinished`` are published on the wire contract's topics, so a stream
 processor profiles the run live. The run id is ``+kafka_run_id`` or ``<stem>-<8 hex>`` derived
-from the materialized file's identity: a resumed run keeps its id, a fresh run gets a new one.
+from the materialized file's identity (:mod:`producers.run_id`, as ``rewardstream publish``
+derives it): a resumed run keeps its id, a fresh run gets a new one. With
+``+kafka_wait_profile=true`` the collector then waits (``+kafka_wait_profile_timeout_s``, 600)
+for the processors' final profile and writes it next to the rollouts file, where
+``ng_reward_profile`` would put it (``+kafka_group_id``: the processors' group, default
+``<prefix>-profiler``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import random
 import sys
@@ -47,11 +51,14 @@ from processors.pipeline import EventKind
 from producers.events import input_event, rollout_event
 from producers.live import EventSink, KafkaSink
 from producers.materialize import MaterializeOptions, materialize, write_rows
-from rewardstream.cli import _run_guarded
-from rewardstream.contract import RunFinished, RunStarted, Topics, encode, run_id_from
+from producers.run_id import default_run_id
+from producers.wait import wait_profile
+from rewardstream.command import run_guarded
+from rewardstream.contract import BadEvent, RunFinished, RunStarted, Topics, checked, encode
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.jsonl import parse_line
 from rewardstream.overrides import parse_overrides
+from sinks.files import ProfilePaths, profile_lines
 
 __all__ = ["CollectConfig", "CollectReport", "CollectionPaths", "collect", "main"]
 
@@ -84,6 +91,9 @@ class CollectConfig(MaterializeOptions):
     kafka_bootstrap_servers: str | None = None
     kafka_topic_prefix: str = "rewardstream"
     kafka_run_id: str | None = None
+    kafka_group_id: str | None = None
+    kafka_wait_profile: bool = False
+    kafka_wait_profile_timeout_s: float = Field(default=600.0, gt=0)
     quiet: bool = False
 
 
@@ -117,6 +127,7 @@ class CollectReport(NamedTuple):
     failed: int
     seconds: float
     aggregate_written: bool
+    profile: ProfilePaths | None = None  # the streamed final profile (+kafka_wait_profile)
 
 
 class _Failure(NamedTuple):
@@ -253,14 +264,6 @@ def _resumed(paths: CollectionPaths, attempts: int) -> _Plan:
     return _Plan(rows, todo, cached, dict(failures))
 
 
-def _run_id(cfg: CollectConfig, paths: CollectionPaths) -> str:
-    if cfg.kafka_run_id:
-        return cfg.kafka_run_id
-    st = paths.inputs.stat()
-    ident = f"{paths.inputs.resolve()}|{st.st_ino}|{st.st_mtime_ns}".encode()
-    return f"{run_id_from(paths.rollouts.stem)}-{hashlib.sha1(ident).hexdigest()[:8]}"
-
-
 async def _agent_urls(cfg: CollectConfig, agents: set[str]) -> dict[str, str]:
     """Each agent's base URL: ``+agent_url`` for all, or by name from the head server."""
     if cfg.agent_url:
@@ -326,17 +329,16 @@ class _Collector:
         """Announce the run, replay the cached results, run the rest; returns the agents' URLs."""
         plan, sink, cfg = self.plan, self.sink, self.cfg
         if sink is not None:
+            stem = self.paths.rollouts.stem
             try:
-                started = RunStarted(
-                    run_id=self.run_id,
-                    expected_rollouts=len(plan.rows),
-                    output_stem=self.paths.rollouts.stem,
+                started = checked(
+                    RunStarted(
+                        run_id=self.run_id, expected_rollouts=len(plan.rows), output_stem=stem
+                    )
                 )
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                raise InputError(
-                    f"invalid {err['loc'][0]} {err['input']!r}: {err['msg']}"
-                ) from None
+            except BadEvent as exc:
+                value = self.run_id if exc.field == "run_id" else stem
+                raise InputError(f"invalid {exc.field} {value!r}: {exc.message}") from None
             await _send_inputs(sink, plan.rows, self.run_id, self.paths.inputs)
             await _control(sink, started)
         for lineno, result in plan.cached:
@@ -516,7 +518,8 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
                 file=sys.stderr,
             )
         plan = _resumed(paths, attempts) if resume else _fresh(cfg, paths)
-        run_id = _run_id(cfg, paths)
+        # after _fresh wrote the inputs file, which a resume never rewrites: see producers.run_id
+        run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
         if sink is None and cfg.kafka_bootstrap_servers:
             topics = Topics.for_prefix(cfg.kafka_topic_prefix)
             sink = await KafkaSink(cfg.kafka_bootstrap_servers, topics).start()
@@ -536,6 +539,16 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
             f"None of the {len(plan.todo)} dispatched rollouts produced a result; the "
             f"failures are in {paths.failures}"
         )
+    profile = None
+    if cfg.kafka_wait_profile and cfg.kafka_bootstrap_servers:
+        profile = await wait_profile(
+            cfg.kafka_bootstrap_servers,
+            Topics.for_prefix(cfg.kafka_topic_prefix),
+            cfg.kafka_group_id,
+            run_id,
+            paths.rollouts.parent,
+            cfg.kafka_wait_profile_timeout_s,
+        )
     return CollectReport(
         run_id,
         paths,
@@ -545,6 +558,7 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
         collector.failed,
         time.perf_counter() - began,
         aggregated,
+        profile,
     )
 
 
@@ -596,6 +610,8 @@ def run(config: dict[str, Any], sink: EventSink | None = None) -> CollectReport:
     print(f"Aggregate metrics: {report.paths.aggregate if report.aggregate_written else None}")
     if report.failed:
         print(f"Failed attempts: {report.failed} (not rewards), in {report.paths.failures}")
+    if report.profile is not None:
+        print(*profile_lines(report.profile), sep="\n")
     return report
 
 
@@ -614,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(config)
         return 0
 
-    return _run_guarded(prog, go)
+    return run_guarded(prog, go)
 
 
 if __name__ == "__main__":

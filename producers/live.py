@@ -14,6 +14,7 @@ from typing import Protocol
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from processors.inprocess import finish
 from processors.pipeline import EventKind, Pipeline, Rejected
 from processors.runs import Run
 from producers.lines import MAX_MESSAGE_BYTES
@@ -115,6 +116,6 @@ class PipelineSink:
 
     async def close(self, finished: bool) -> None:
         if finished and self.run is not None:
-            self.paths = self.pipeline.maybe_finish(self.run)
+            self.paths = finish(self.pipeline, self.run)
             if self.paths is None:
                 raise InputError(f"run {self.run.run_id}: no profile written: {self.run.error}")

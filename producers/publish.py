@@ -2,14 +2,17 @@
 
 What is sent, in order (see :mod:`rewardstream.contract`):
 
-1. every materialized input row as an ``InputEvent``, keyed by its task;
+1. every materialized input row as an ``Input`` event, keyed by its task;
 2. ``RunStarted`` on the control topic, keyed by run id. It goes *after* the inputs because its
    ``expected_rollouts`` is their count and the inputs are read only once (counted while they
    are published); consumers must cope with control events racing data topics anyway;
-3. every rollouts line as a ``RolloutEvent`` carrying the slim result, keyed by its task;
-4. ``RunFinished`` once every line is sent (in ``follow`` mode: once stopped or idle). After an
-   error, what was queued before it still goes out but nothing more: a failed publish never
-   finishes its run, and the processor can still serve snapshots of what arrived.
+3. every rollouts line as a ``Rollout`` event carrying the slim result, keyed by its task;
+4. ``RunFinished`` once every line is sent. In ``follow`` mode the collection may still be
+   running, so only once every expected rollout was published, or on an explicit opt-in
+   (``finish_when_idle``, ``finish_on_stop``): a stop otherwise leaves the run open, since a
+   partial "final" profile is worse than none. After an error, what was queued before it still
+   goes out but nothing more: a failed publish never finishes its run, and the processor can
+   still serve snapshots of what arrived.
 
 Each rollouts line is validated as the batch profiler reads it (see
 :func:`producers.events.rollout_event`) before anything of it is sent, so a line the profiler
@@ -28,8 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
+import math
 import sys
 import time
 from collections import deque
@@ -41,17 +44,17 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
-from pydantic import ValidationError
 from tqdm import tqdm
 
-from producers.events import input_event, rollout_event
+from producers.events import WireEvent, input_event, rollout_event
 from producers.lines import MAX_MESSAGE_BYTES, Chunk, Encoder, Tail, encode_rows, parsed
-from rewardstream.contract import RunFinished, RunStarted, Topics, encode, run_id_from
+from producers.run_id import default_run_id
+from rewardstream.contract import BadEvent, RunFinished, RunStarted, Topics, checked, encode
 from rewardstream.errors import InputError
 from rewardstream.jsonl import check_input_file
 from rewardstream.kafka_config import KafkaSecurity, start_client
 
-__all__ = ["PublishReport", "Sender", "default_run_id", "publish_files"]
+__all__ = ["PublishReport", "Sender", "publish_files"]
 
 POLL_SECONDS = 0.2
 WINDOW = 5_000  # messages in flight before the publisher waits for acknowledgements
@@ -61,20 +64,15 @@ log = logging.getLogger(__name__)
 
 
 class PublishReport(NamedTuple):
-    """What one publish sent: the run id used, how many events of each kind, and the wall time
-    (broker acknowledgements included)."""
+    """What one publish sent: the run id used, how many events of each kind, the wall time
+    (broker acknowledgements included), and whether ``RunFinished`` was sent (a stopped
+    ``follow`` leaves the run open)."""
 
     run_id: str
     inputs_sent: int
     rollouts_sent: int
     seconds: float
-
-
-def default_run_id(rollouts: Path) -> str:
-    """``<stem>-<sha1 of the resolved path, 8 hex>``: republishing the same file reuses the run,
-    so the processor deduplicates instead of starting a second profile."""
-    digest = hashlib.sha1(str(rollouts.resolve()).encode()).hexdigest()[:8]
-    return f"{run_id_from(rollouts.stem)}-{digest}"
+    finished: bool
 
 
 async def publish_files(
@@ -85,24 +83,29 @@ async def publish_files(
     run_id: str | None = None,
     topics: Topics | None = None,
     follow: bool = False,
-    idle_timeout: float = 30.0,
+    finish_when_idle: float | None = None,
+    finish_on_stop: bool = False,
     stop: asyncio.Event | None = None,
     progress: bool = False,
     security: KafkaSecurity | None = None,
 ) -> PublishReport:
     """Publish one collection (see the module docstring for the order of events).
 
+    ``run_id`` defaults to :func:`producers.run_id.default_run_id` (one id per collection).
     With ``follow``, keep tailing ``rollouts`` as a running collection appends to it: only
     complete lines are sent; a truncated or replaced file is read again from its start (the
-    processor deduplicates by (run, task, rollout)); it ends when ``stop`` is set or after
-    ``idle_timeout`` seconds without a new complete line. Inputs are read once, at the start.
+    processor deduplicates by (run, task, rollout)). It finishes the run once as many distinct
+    (task, rollout) keys were published as there are input rows, or after ``finish_when_idle``
+    seconds without a new complete line; when ``stop`` is set it ends, finishing the run only
+    with ``finish_on_stop``. Inputs are read once, at the start.
     ``security``: SASL/TLS settings (default: from ``REWARDSTREAM_KAFKA_*``).
     """
     began = time.perf_counter()
+    _check_follow_options(follow, finish_when_idle, finish_on_stop)
     inputs = check_input_file(inputs, "--inputs")
     rollouts = check_input_file(rollouts, "--rollouts")
     stem = rollouts.stem
-    run_id = default_run_id(rollouts) if run_id is None else run_id
+    run_id = default_run_id(inputs, stem) if run_id is None else run_id
     _check_run(run_id, stem)
     topics = topics or Topics.for_prefix()
     with contextlib.ExitStack() as stack:  # the encoders start reading while we connect
@@ -126,22 +129,26 @@ async def publish_files(
                 await sender.flush()  # consumers learn of the run now, not with the next batch
                 publisher = _RolloutPublisher(rollouts, topics.rollouts, sender, run_id, bar)
                 if rollouts_encoder is None:
-                    await publisher.follow(idle_timeout, stop or asyncio.Event())
+                    finish = _Finish(n_inputs, finish_when_idle, finish_on_stop)
+                    finished = await publisher.follow(finish, stop or asyncio.Event())
                 else:
                     await publisher.replay(rollouts_encoder)
+                    finished = True
                 # every rollout acknowledged first: a processor that reads run_finished takes
                 # the log ends as they are then, and must find every rollout before them
                 await sender.settle()
-                finished = encode(RunFinished(run_id=run_id))
-                await sender.send(topics.control, finished, run_id.encode())
-                await sender.settle()
+                if finished:
+                    event = encode(RunFinished(run_id=run_id))
+                    await sender.send(topics.control, event, run_id.encode())
+                    await sender.settle()
         except BaseException:
             with contextlib.suppress(KafkaError):
                 await sender.flush()  # lines before a bad one still go out (the run stays open)
             raise
         finally:
             await producer.stop()  # waits for everything handed to it
-    return PublishReport(run_id, n_inputs, publisher.sent, time.perf_counter() - began)
+    seconds = time.perf_counter() - began
+    return PublishReport(run_id, n_inputs, publisher.sent, seconds, finished)
 
 
 async def _start_producer(bootstrap: str, security: KafkaSecurity) -> AIOKafkaProducer:
@@ -157,14 +164,20 @@ async def _start_producer(bootstrap: str, security: KafkaSecurity) -> AIOKafkaPr
     return producer
 
 
+def _check_follow_options(follow: bool, when_idle: float | None, on_stop: bool) -> None:
+    if (when_idle is not None or on_stop) and not follow:
+        raise InputError("--finish-when-idle and --finish-on-stop only apply with --follow")
+    if when_idle is not None and not (when_idle > 0 and math.isfinite(when_idle)):
+        raise InputError(f"--finish-when-idle must be a number of seconds > 0, got {when_idle}")
+
+
 def _check_run(run_id: str, stem: str) -> None:
     """Reject a run id or stem the contract would reject, before anything is sent."""
     try:
-        RunStarted(run_id=run_id, expected_rollouts=0, output_stem=stem)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = "run id" if err["loc"][0] == "run_id" else "rollouts file stem"
-        raise InputError(f"invalid {field} {err['input']!r}: {err['msg']}") from None
+        checked(RunStarted(run_id=run_id, expected_rollouts=0, output_stem=stem))
+    except BadEvent as exc:
+        field, value = ("run id", run_id) if exc.field == "run_id" else ("rollouts file stem", stem)
+        raise InputError(f"invalid {field} {value!r}: {exc.message}") from None
 
 
 class Sender:
@@ -272,39 +285,59 @@ async def _local(chunks: Iterable[Chunk]) -> AsyncIterator[Chunk]:
         yield chunk
 
 
+class _Finish(NamedTuple):
+    """When a followed run is finished: ``expected`` distinct rollouts published, or (opt-in)
+    ``when_idle`` seconds without a new line, or a stop with ``on_stop``."""
+
+    expected: int
+    when_idle: float | None
+    on_stop: bool
+
+
 class _RolloutPublisher:
     """Sends rollouts events: the whole file once (encoded by children), or a growing file."""
 
     def __init__(self, path: Path, topic: str, sender: Sender, run_id: str, bar: tqdm[Any]) -> None:
         self.path, self.topic, self.sender, self.run_id, self.bar = path, topic, sender, run_id, bar
         self.sent = 0
+        self.keys: set[tuple[int, int]] = set()  # distinct rollouts sent (follow only)
 
     async def replay(self, encoder: Encoder) -> None:
         self.sent += await self.sender.send_all(self.topic, encoder.chunks(), self.bar)
 
-    async def follow(self, idle_timeout: float, stop: asyncio.Event) -> None:
-        """Encoded here, not in a child: a live collection writes far slower than this reads."""
+    def _event(self, row: Any, run_id: str, path: Path, lineno: int) -> WireEvent:
+        """:func:`rollout_event`, noting the key: a file read again from its start (truncated,
+        replaced) must not count its rollouts twice toward the expected count."""
+        event = rollout_event(row, run_id, path, lineno)
+        self.keys.add((row["_ng_task_index"], row["_ng_rollout_index"]))  # checked just now
+        return event
+
+    async def follow(self, finish: _Finish, stop: asyncio.Event) -> bool:
+        """Tail until the run is complete or stopped; returns whether to finish the run.
+        Encoded here, not in a child: a live collection writes far slower than this reads."""
         tail = Tail(self.path)
         try:
             idle_since = time.monotonic()
             while True:
                 stopping = stop.is_set()  # read before the last pass, so it sees every line
                 rows = parsed(tail.complete_lines(), self.path)
-                chunks = _local(encode_rows(rows, self.path, rollout_event, self.run_id))
+                chunks = _local(encode_rows(rows, self.path, self._event, self.run_id))
                 sent = await self.sender.send_all(self.topic, chunks, self.bar)
                 self.sent += sent
                 await self.sender.flush()
                 now = time.monotonic()
                 if sent:
                     idle_since = now
-                if stopping or now - idle_since >= idle_timeout:
+                complete = len(self.keys) >= finish.expected
+                idle = finish.when_idle is not None and now - idle_since >= finish.when_idle
+                if complete or idle or stopping:
                     if tail.partial:
                         log.warning(
                             "not published: the incomplete last line %d of %s",
                             tail.lineno + 1,
                             self.path,
                         )
-                    return
+                    return complete or idle or finish.on_stop
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), POLL_SECONDS)
         finally:

@@ -24,6 +24,7 @@ import orjson
 
 from producers import cli as publish_cli
 from rewardstream import kafka_local, kafka_options
+from rewardstream.command import fail, run_guarded
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
 from rewardstream.jsonl import check_input_file
 from rewardstream.names import run_id_from
@@ -34,11 +35,6 @@ __all__ = ["main", "ng_reward_profile"]
 _PROFILE_REQUIRED = ("materialized_inputs_jsonl_fpath", "rollouts_jsonl_fpath")
 
 
-def _fail(prog: str, message: str) -> int:
-    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
-    return 2
-
-
 def _profile(prog: str, config: dict[str, Any]) -> int:
     from pydantic import ValidationError
 
@@ -46,7 +42,7 @@ def _profile(prog: str, config: dict[str, Any]) -> int:
 
     missing = [k for k in _PROFILE_REQUIRED if k not in config]
     if missing:
-        return _fail(
+        return fail(
             prog,
             f"missing required configuration: {', '.join(missing)}. Provide each via its flag "
             f"(see --help) or as a +{missing[0]}=<value> override.",
@@ -56,24 +52,15 @@ def _profile(prog: str, config: dict[str, Any]) -> int:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        return _fail(prog, f"invalid configuration {field!r}: {err['msg']}")
+        return fail(prog, f"invalid configuration {field!r}: {err['msg']}")
     try:
         profile, paths = run_profile(cfg)
     except ProfileError as exc:
-        return _fail(prog, f"{exc.kind}: {exc}")
+        return fail(prog, f"{exc.kind}: {exc}")
     except RewardstreamError as exc:
-        return _fail(prog, str(exc))
+        return fail(prog, str(exc))
     print_summary(profile, paths)
     return 0
-
-
-def _run_guarded(prog: str, func: Callable[[], int]) -> int:
-    try:
-        return func()
-    except RewardstreamError as exc:
-        return _fail(prog, str(exc))
-    except KeyboardInterrupt:
-        return 130
 
 
 def ng_reward_profile(argv: Sequence[str] | None = None) -> int:
@@ -86,7 +73,7 @@ def ng_reward_profile(argv: Sequence[str] | None = None) -> int:
             "[++allow_partial_rollouts=True] [+quiet=true]"
         )
         return 0
-    return _run_guarded(prog, lambda: _profile(prog, parse_overrides(args)))
+    return run_guarded(prog, lambda: _profile(prog, parse_overrides(args)))
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -127,12 +114,15 @@ def _cmd_stream(args: argparse.Namespace) -> int:
     )
     processor = StreamProcessor(
         args.bootstrap,
-        Path(args.output_dir),
+        None if args.output_dir is None else Path(args.output_dir),
         Topics.for_prefix(args.topic_prefix),
         args.group_id,
         checkpoint_every=args.checkpoint_every,
         security=kafka_config.from_args(args),
         max_event_bytes=args.max_event_bytes,
+        state_dir=None if args.state_dir is None else Path(args.state_dir),
+        advertise=args.advertise_url,
+        evict_after=args.evict_after,
     )
 
     async def main() -> None:
@@ -147,9 +137,9 @@ def _cmd_stream(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
     from processors.inprocess import stream_files
+    from rewardstream.contract import BadEvent
+    from sinks.files import profile_lines
 
     inputs, rollouts = Path(args.inputs), Path(args.rollouts)
     check_input_file(inputs, "--inputs")
@@ -157,14 +147,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     run_id = args.run_id or run_id_from(rollouts.stem)
     try:
         paths = stream_files(inputs, rollouts, Path(args.output_dir), run_id)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise InputError(f"invalid {err['loc'][0]} {err['input']!r}: {err['msg']}") from None
-    print("\n".join(f"{label}: {path}" for label, path in zip(_OUTPUT_LABELS, paths, strict=True)))
+    except BadEvent as exc:  # the run id or the stem
+        value = run_id if exc.field == "run_id" else rollouts.stem
+        raise InputError(f"invalid {exc.field} {value!r}: {exc.message}") from None
+    print(*profile_lines(paths), sep="\n")
     return 0
-
-
-_OUTPUT_LABELS = ("Reward profiling outputs", "Agent-level metrics", "Repeat-level metrics")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -207,6 +194,53 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profiles_get(args: argparse.Namespace) -> int:
+    from producers.wait import wait_profile
+    from rewardstream import kafka_config
+    from rewardstream.contract import Topics
+    from sinks.files import profile_lines
+
+    topics = Topics.for_prefix(args.topic_prefix)
+    security = kafka_config.from_args(args)
+    paths = asyncio.run(
+        wait_profile(
+            args.bootstrap,
+            topics,
+            args.group_id,
+            args.run_id,
+            Path(args.out),
+            args.timeout,
+            security,
+        )
+    )
+    print(*profile_lines(paths), sep="\n")
+    return 0
+
+
+def _cmd_profiles_list(args: argparse.Namespace) -> int:
+    from rewardstream import kafka_config
+    from rewardstream.contract import Topics
+    from rewardstream.engine_contract import EngineTopics
+    from sinks.profiles import list_finals
+
+    finals = asyncio.run(
+        list_finals(
+            args.bootstrap,
+            kafka_config.from_args(args),
+            EngineTopics.of(Topics.for_prefix(args.topic_prefix)),
+            args.topic_prefix,
+            args.group_id,
+        )
+    )
+    for (group, run_id), final in sorted(finals.items()):
+        kind = "partial" if final.partial and final.state == "final" else final.state
+        print(
+            f"{run_id}\t{kind}\tgroup={group}\trollouts={final.rollouts}"
+            f"\texpected={final.expected}\tstem={final.stem}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rewardstream", description="Streaming reward profiler for LLM RL rollouts."
@@ -223,14 +257,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_profile)
     st = sub.add_parser("stream", help="run the Kafka stream processor")
     st.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
-    st.add_argument("--output-dir", required=True, help="final profiles go to DIR/<run_id>/")
     st.add_argument(
-        "--http", type=_host_port, help="serve snapshots on HOST:PORT (PORT: on 127.0.0.1)"
+        "--output-dir",
+        help="also write each final profile this processor writes to DIR/<run_id>/ (they are "
+        "in Kafka in any case: rewardstream profiles get)",
     )
-    st.add_argument("--topic-prefix", default="rewardstream")
+    st.add_argument(
+        "--state-dir",
+        help="private scratch for this processor's spill files (default: a fresh temporary "
+        "folder); it may vanish at any time: state is rebuilt from Kafka",
+    )
+    st.add_argument(
+        "--http",
+        type=_host_port,
+        help="serve snapshots, parts and metrics on HOST:PORT (PORT: on 127.0.0.1; default "
+        "127.0.0.1 on a free port: peers fetch parts from every processor)",
+    )
+    st.add_argument(
+        "--advertise-url",
+        help="the http://HOST:PORT peers reach this processor at (default: the --http address)",
+    )
+    st.add_argument("--topic-prefix", default="rewardstream", help="topics <prefix>.inputs, ...")
     st.add_argument("--group-id", default=None, help="consumer group (default <prefix>-profiler)")
     st.add_argument(
-        "--checkpoint-every", type=float, default=5.0, help="seconds between checkpoints (5)"
+        "--checkpoint-every",
+        type=float,
+        default=5.0,
+        help="seconds between offset commits (5); state is rebuilt from the committed offsets",
+    )
+    st.add_argument(
+        "--evict-after",
+        type=float,
+        default=24 * 3600.0,
+        metavar="S",
+        help="evict a run with no event for S seconds, unfinished (default 86400)",
     )
     st.add_argument(
         "--max-event-bytes",
@@ -264,6 +324,23 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     kafka_options.add_arguments(dm)
     dm.set_defaults(func=_cmd_demo)
+    pr = sub.add_parser("profiles", help="final profiles kept in Kafka: list them, get one")
+    psub = pr.add_subparsers(dest="profiles_command", required=True)
+    get = psub.add_parser("get", help="wait for a run's final profile and write its files")
+    get.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
+    get.add_argument("--run-id", required=True, help="the run (see 'profiles list')")
+    get.add_argument("--out", required=True, help="folder for the three profile files")
+    get.add_argument("--timeout", type=float, default=0.0, metavar="S", help="wait up to S s (0)")
+    lst = psub.add_parser("list", help="the runs with a final (or evicted) record")
+    lst.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
+    for p in (get, lst):
+        p.add_argument("--topic-prefix", default="rewardstream", help="topics <prefix>.*")
+        p.add_argument(
+            "--group-id", default=None, help="the processors' group (default <prefix>-profiler)"
+        )
+        kafka_options.add_arguments(p)
+    get.set_defaults(func=_cmd_profiles_get)
+    lst.set_defaults(func=_cmd_profiles_list)
     publish_cli.add_parser(sub)
     kafka_local.add_parser(sub)
     return parser
@@ -272,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    return _run_guarded("rewardstream", lambda: func(args))
+    return run_guarded("rewardstream", lambda: func(args))
 
 
 if __name__ == "__main__":

@@ -11,34 +11,28 @@ own :func:`processors.records.extract_result` (its numeric columns in order, the
 and values, its ``rollout_infos`` entry, its mask flag): extraction happens once, where the
 full row is, and the processor only appends numbers. The full row stays in rollouts.jsonl.
 
-Decoding is on the processor's hot path: :func:`decode_rollout` parses and checks an event with
-msgspec's compiled decoder (a couple of microseconds) and falls back to the pydantic model, which
-states the schema and words the errors, for anything the fast path does not accept; the two
-agree (tests/test_contract.py).
+Each event is defined once, as a msgspec struct (:class:`Input`, :class:`Rollout`,
+:class:`RunStarted`, :class:`RunFinished`) that is at the same time its schema (the rules are
+its field types; ``msgspec.json.schema(Rollout)`` writes them as JSON Schema), the type the
+processor applies, and what :func:`encode` writes. Decoding is on the processor's hot path:
+msgspec's compiled decoder parses and checks a rollout event in one pass. JSON itself is read
+by the batch reader's rules (spec §0.2: NaN/Infinity rejected, ints beyond 64 bits become
+floats): those are orjson's, so an event msgspec rejects is parsed again by orjson, whose error
+(``not-json``, ``non-finite-number``) comes first, and ``record.info``, which the record keeps
+as bytes, is checked and written canonical by orjson. Encoding is orjson's too: its bytes are
+the producers' since schema 2 (msgspec writes ``1e16`` where orjson writes ``1e+16``).
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal, NamedTuple, Self, get_args
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypeVar, cast, get_args
 
 import msgspec
 import orjson
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-    TypeAdapter,
-    ValidationError,
-    model_validator,
-)
+from msgspec import Meta, Raw, Struct
 
 from processors.records import ResultRecord
 from rewardstream.errors import MissingKey
@@ -55,16 +49,17 @@ __all__ = [
     "MAX_NAME_BYTES",
     "REJECT_REASONS",
     "SCHEMA_VERSION",
+    "BadEvent",
     "ControlEvent",
+    "Event",
     "Input",
-    "InputEvent",
     "RejectReason",
     "Rollout",
-    "RolloutEvent",
     "RolloutRecord",
     "RunFinished",
     "RunStarted",
     "Topics",
+    "checked",
     "decode_control",
     "decode_input",
     "decode_rollout",
@@ -79,12 +74,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION: Literal[2] = 2  # 2: rollout events carry the extracted record
-RunId = Annotated[
-    str, Field(min_length=1, max_length=200, pattern=RUN_ID), AfterValidator(fits_a_name)
-]
-OutputStem = Annotated[
-    str, Field(min_length=1, max_length=200, pattern=STEM), AfterValidator(fits_a_name)
-]
 
 
 class Topics(NamedTuple):
@@ -107,279 +96,6 @@ def task_key(task: int) -> bytes:
     return b"%d" % task
 
 
-class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    v: Literal[2] = SCHEMA_VERSION
-    run_id: RunId
-
-
-class InputEvent(_Event):
-    """One materialized input row; ``line`` is its 0-based line in the inputs file (its order)."""
-
-    type: Literal["input"] = "input"
-    line: int = Field(ge=0)
-    row: dict[str, Any]
-
-
-class RolloutRecord(BaseModel):
-    """What profiling keeps of one result (:class:`processors.records.ResultRecord`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    names: list[StrictStr] = Field(description="numeric columns, in the row's order")
-    ints: list[StrictBool] = Field(description="per column: an int (or bool) in the row")
-    values: list[StrictFloat] = Field(description="per column: its value as a float")
-    info: dict[str, Any] = Field(description="the result's rollout_infos entry")
-    masked: StrictBool = Field(description="a truthy mask_sample: not a measurement")
-
-    @model_validator(mode="after")
-    def _columns_align(self) -> Self:
-        if not len(self.names) == len(self.ints) == len(self.values):
-            raise ValueError("names, ints and values must have the same length")
-        return self
-
-
-class RolloutEvent(_Event):
-    """One completed rollout: its key, its agent (for live stats) and its record."""
-
-    type: Literal["rollout"] = "rollout"
-    task: StrictInt = Field(ge=-(2**63), le=2**63 - 1)
-    rollout: StrictInt = Field(ge=-(2**63), le=2**63 - 1)
-    agent: StrictStr | None = None
-    record: RolloutRecord
-    published_at: StrictFloat = Field(description="publisher's clock, seconds since the epoch")
-
-
-class Rollout(NamedTuple):
-    """A decoded rollout event, as the processor applies it."""
-
-    run_id: str
-    task: int
-    rollout: int
-    agent: str | None
-    record: ResultRecord
-    published_at: float
-
-
-class RunStarted(_Event):
-    """A collection began: how many rollouts to expect and the rollouts file's stem."""
-
-    type: Literal["run_started"] = "run_started"
-    expected_rollouts: int = Field(ge=0)
-    output_stem: OutputStem
-
-
-class RunFinished(_Event):
-    """The collection ended (complete or not): the processor writes the final profile."""
-
-    type: Literal["run_finished"] = "run_finished"
-
-
-ControlEvent = Annotated[RunStarted | RunFinished, Field(discriminator="type")]
-_CONTROL: TypeAdapter[RunStarted | RunFinished] = TypeAdapter(ControlEvent)
-
-
-def encode(event: _Event) -> bytes:
-    """Compact JSON bytes of an event."""
-    return orjson.dumps(event.model_dump())
-
-
-# The two hot-path encoders: the same bytes as ``encode(InputEvent(...))`` and
-# ``encode(RolloutEvent(...))`` (tests/test_contract.py), without building a model per event,
-# which costs more than parsing the line. Callers validate ``run_id`` once with the models.
-
-
-def encode_input(run_id: str, line: int, row: dict[str, Any]) -> bytes:
-    return orjson.dumps(
-        {"v": SCHEMA_VERSION, "run_id": run_id, "type": "input", "line": line, "row": row}
-    )
-
-
-def encode_rollout(
-    run_id: str,
-    task: int,
-    rollout: int,
-    agent: str | None,
-    record: ResultRecord,
-    published_at: float,
-) -> bytes:
-    return orjson.dumps(
-        {
-            "v": SCHEMA_VERSION,
-            "run_id": run_id,
-            "type": "rollout",
-            "task": task,
-            "rollout": rollout,
-            "agent": agent,
-            "record": {
-                "names": record.names,
-                "ints": record.is_int,
-                "values": record.values,
-                "info": orjson.Fragment(record.info),  # already serialized by extract_result
-                "masked": record.masked,
-            },
-            "published_at": published_at,
-        }
-    )
-
-
-# Decoding parses with orjson (not pydantic's parser) so numbers follow the batch reader's rules
-# exactly (spec §0.2: NaN/Infinity rejected, ints beyond 64 bits become floats).
-
-
-class Input(NamedTuple):
-    """A decoded input event, as the processor applies it."""
-
-    run_id: str
-    line: int
-    row: dict[str, Any]
-
-
-def decode_input(raw: bytes) -> Input:
-    """Raises ``ValueError`` (pydantic's ``ValidationError`` included) for a bad event."""
-    d = orjson.loads(raw)
-    if (
-        type(d) is dict
-        and d.keys() == _INPUT_KEYS
-        and type(d["v"]) is int
-        and d["v"] == SCHEMA_VERSION
-        and d["type"] == "input"
-        and type(d["line"]) is int
-        and d["line"] >= 0
-        and type(d["row"]) is dict
-        and _valid_run_id(d["run_id"])
-    ):
-        return Input(d["run_id"], d["line"], d["row"])
-    event = InputEvent.model_validate(d)
-    return Input(event.run_id, event.line, event.row)
-
-
-def decode_rollout(raw: bytes) -> Rollout:
-    """Raises ``ValueError`` (pydantic's ``ValidationError`` included) for a bad event."""
-    fast = _rollout_fast(raw)
-    return fast if fast is not None else rollout_of(RolloutEvent.model_validate(orjson.loads(raw)))
-
-
-def rollout_of(event: RolloutEvent) -> Rollout:
-    """The processor's form of a validated event."""
-    rec = event.record
-    try:
-        info = orjson.dumps(rec.info)
-    except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
-        raise ValueError(f"record.info cannot be written back as JSON: {exc}") from None
-    record = ResultRecord(
-        tuple(rec.names), tuple(rec.ints), tuple(map(float, rec.values)), info, rec.masked
-    )
-    at = float(event.published_at)
-    return Rollout(event.run_id, event.task, event.rollout, event.agent, record, at)
-
-
-_INPUT_KEYS = frozenset(InputEvent.model_fields)
-_RUN_ID_RE = re.compile(RUN_ID)
-_known_run_ids: set[str] = set()  # checked already; a handful per processor
-
-
-def _valid_run_id(run_id: Any) -> bool:
-    """What the models' ``run_id`` field accepts (remembered: a handful per processor)."""
-    if type(run_id) is not str:
-        return False
-    if run_id not in _known_run_ids:
-        if not 0 < len(run_id) <= 200 or not _RUN_ID_RE.fullmatch(run_id):
-            return False
-        if len(run_id.encode()) > MAX_NAME_BYTES:
-            return False
-        if len(_known_run_ids) > 10_000:
-            _known_run_ids.clear()
-        _known_run_ids.add(run_id)
-    return True
-
-
-# The rollout event's shape for msgspec's compiled decoder, which parses and type-checks an
-# event in one pass (half the cost of orjson plus Python checks: BENCHMARKS.md). It accepts a
-# subset of what the model accepts; anything else goes to the model. ``info`` stays raw here
-# and is parsed by orjson, whose number and UTF-8 rules are the batch reader's (msgspec does not
-# check what it leaves raw).
-_FINITE = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
-_INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-
-
-class _RecordWire(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    names: tuple[str, ...]
-    ints: tuple[bool, ...]
-    values: tuple[_FINITE, ...]
-    info: msgspec.Raw
-    masked: bool
-
-
-class _RolloutWire(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    v: Literal[2]
-    run_id: str
-    type: Literal["rollout"]
-    task: _INT64
-    rollout: _INT64
-    agent: str | None
-    record: _RecordWire
-    published_at: _FINITE
-
-
-_ROLLOUT_WIRE = msgspec.json.Decoder(_RolloutWire)
-
-
-def _rollout_fast(raw: bytes) -> Rollout | None:
-    """The event if the compiled decoder and a few checks accept it; None otherwise (the model
-    then decides, and words the error)."""
-    try:
-        event = _ROLLOUT_WIRE.decode(raw)
-        info = orjson.loads(memoryview(event.record.info))
-        if type(info) is not dict:
-            return None
-        encoded = orjson.dumps(info)  # the canonical form, whatever the publisher's spacing
-    except (ValueError, orjson.JSONEncodeError, RecursionError):  # UnicodeDecodeError too
-        return None
-    return _rollout(event, encoded)
-
-
-def _rollout(event: _RolloutWire, info: bytes) -> Rollout | None:
-    """The processor's form of a decoded event whose ``info`` is canonical, or None when the
-    checks msgspec cannot state fail."""
-    rec = event.record
-    if not _valid_run_id(event.run_id) or not len(rec.names) == len(rec.ints) == len(rec.values):
-        return None
-    record = ResultRecord(rec.names, rec.ints, rec.values, info, rec.masked)
-    return Rollout(event.run_id, event.task, event.rollout, event.agent, record, event.published_at)
-
-
-def decode_rollouts(raws: Sequence[bytes]) -> list[Rollout] | None:
-    """Every one of ``raws`` decoded (the processor's batch path), or None when any of them
-    needs :func:`decode_rollout` (an invalid event, a ``record.info`` not written as orjson
-    writes it).
-
-    The ``info`` entries of the batch are checked in one orjson round trip: when the joined raw
-    entries equal their re-encoding, each entry is already canonical and is kept as sent.
-    """
-    try:
-        events = [_ROLLOUT_WIRE.decode(raw) for raw in raws]
-        infos = [event.record.info for event in events]
-        joined = b"[%b]" % b",".join(infos)
-        parsed = orjson.loads(joined)
-        if orjson.dumps(parsed) != joined or not all(type(info) is dict for info in parsed):
-            return None
-    except (ValueError, orjson.JSONEncodeError, RecursionError):  # UnicodeDecodeError too
-        return None
-    out = []
-    for event, info in zip(events, infos, strict=True):
-        rollout = _rollout(event, bytes(info))
-        if rollout is None:
-            return None
-        out.append(rollout)
-    return out
-
-
-def decode_control(raw: bytes) -> RunStarted | RunFinished:
-    return _CONTROL.validate_python(orjson.loads(raw))
-
-
 # Dead letters: why an event could not be used, as one of a fixed set of categories (the
 # ``reason`` header and a metric label, so its cardinality stays bounded; the error text goes
 # in the ``detail`` header).
@@ -391,11 +107,363 @@ RejectReason = Literal[
     "invalid-event",  # any other violation of the event's schema (a wrong type, a bad run id)
     "unknown-run",  # run_finished for a run that never had a run_started
     "oversized",  # above the processor's --max-event-bytes (not parsed)
+    "run-final",  # of a run whose final profile is written: it came too late to be in it
+    "run-evicted",  # of a run evicted unfinished (no event for --evict-after seconds)
 ]
 REJECT_REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
-_ID_FIELDS = frozenset({("run_id",), ("task",), ("rollout",)})
-_CONTROL_TYPES = frozenset(get_args(RunStarted.model_fields["type"].annotation))
-_CONTROL_TYPES |= frozenset(get_args(RunFinished.model_fields["type"].annotation))
+
+
+class BadEvent(ValueError):
+    """An event that breaks the contract: ``reason`` is its dead-letter category, ``field`` the
+    path of the field at fault (``""``: the event as a whole), and ``str()`` one line naming it,
+    in msgspec's words (``Expected `int`, got `str` - at `$.task```)."""
+
+    def __init__(self, reason: RejectReason, message: str, field: str = "") -> None:
+        self.reason, self.message, self.field = reason, message, field
+        super().__init__(f"{message} - at `$.{field}`" if field else message)
+
+
+# ------------------------------------------------------------------------------ field types
+
+_Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # what the batch reader keeps as int
+_Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+_Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max)]  # no NaN, no inf
+_RunId = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_NAME_BYTES,
+        extra_json_schema={"pattern": RUN_ID},  # checked by _check_run_id (see _Event)
+        description=f"names the run's output folder; at most {MAX_NAME_BYTES} bytes in UTF-8",
+    ),
+]
+_Stem = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_NAME_BYTES,
+        extra_json_schema={"pattern": STEM},  # checked by _check_name (see RunStarted)
+        description=f"names the profile's files; at most {MAX_NAME_BYTES} bytes in UTF-8",
+    ),
+]
+_JsonObject = Annotated[Raw, Meta(extra_json_schema={"type": "object"})]
+_RUN_ID_RE, _STEM_RE = re.compile(RUN_ID), re.compile(STEM)
+_known_run_ids: set[str] = set()  # checked already: a handful per processor
+_new_tuple = tuple.__new__
+
+
+def _check_name(field: str, name: str, pattern: re.Pattern[str]) -> None:
+    """What a name must be (it names a folder or a file): its pattern, checked here rather than
+    by msgspec, which would run the regex on every event (a run id is checked once, then
+    remembered), and its UTF-8 length, which no schema states."""
+    if pattern.fullmatch(name) is None:
+        raise BadEvent("invalid-event", f"Expected `str` matching regex {pattern.pattern!r}", field)
+    try:
+        fits_a_name(name)
+    except ValueError as exc:
+        raise BadEvent("invalid-event", str(exc), field) from None
+
+
+def _check_run_id(run_id: str) -> None:
+    if run_id not in _known_run_ids:
+        _check_name("run_id", run_id, _RUN_ID_RE)
+        if len(_known_run_ids) >= 10_000:
+            _known_run_ids.clear()
+        _known_run_ids.add(run_id)
+
+
+# ------------------------------------------------------------------------------------ events
+
+
+class _Event(Struct, kw_only=True, forbid_unknown_fields=True):
+    """What every event carries: ``v``, the schema version (:data:`SCHEMA_VERSION`), and
+    ``run_id``, its collection (a run id names the run's output folder: ``^\\w[\\w.-]*$``, at
+    most 200 bytes in UTF-8). Unknown fields are errors. A struct built in Python checks its
+    names only; :func:`checked` checks the rest."""
+
+    v: Literal[2] = SCHEMA_VERSION
+    run_id: _RunId
+
+    def __post_init__(self) -> None:
+        if self.run_id not in _known_run_ids:
+            _check_run_id(self.run_id)
+
+
+class Input(_Event, kw_only=True):
+    """One materialized input row (``type: "input"``).
+
+    - ``line``: its 0-based line in the inputs file (its order);
+    - ``row``: the row, a JSON object (checked by the processor as the batch profiler checks
+      it: its ``_ng_task_index`` and ``_ng_rollout_index`` above all).
+    """
+
+    type: Literal["input"] = "input"
+    line: _Count
+    row: dict[str, Any]
+
+
+class RolloutRecord(Struct, forbid_unknown_fields=True, gc=False):
+    """A rollout's record on the wire: :class:`processors.records.ResultRecord`, field for
+    field (decoding turns it into one).
+
+    - ``names``: the result's numeric columns, in the row's order;
+    - ``ints`` (``is_int``): per column, whether it is an int (or bool) in the row;
+    - ``values``: per column, its value as a finite float (the three have the same length:
+      :class:`Rollout` checks it);
+    - ``info``: the result's ``rollout_infos`` entry, a JSON object (kept as its bytes, which
+      decoding checks and writes as orjson writes them);
+    - ``masked``: a truthy ``mask_sample``: not a measurement.
+    """
+
+    names: tuple[str, ...]
+    is_int: tuple[bool, ...] = msgspec.field(name="ints")
+    values: tuple[_Finite, ...]
+    info: _JsonObject
+    masked: bool
+
+
+class Rollout(_Event, kw_only=True, gc=False):
+    """One completed rollout (``type: "rollout"``), as the processor applies it.
+
+    - ``task``, ``rollout``: its key, 64-bit ints;
+    - ``agent``: its agent's name, for live stats (null or absent: none);
+    - ``record``: what profiling keeps of the result, a :class:`RolloutRecord` on the wire and a
+      :class:`~processors.records.ResultRecord` once decoded (or built in Python);
+    - ``published_at``: the publisher's clock, seconds since the epoch (a finite float).
+    """
+
+    type: Literal["rollout"] = "rollout"
+    task: _Int64
+    rollout: _Int64
+    agent: str | None = None
+    if TYPE_CHECKING:
+        record: ResultRecord
+    else:
+        record: RolloutRecord
+    published_at: _Finite
+
+    def __post_init__(self) -> None:  # one call per event: the record's check is here too
+        if self.run_id not in _known_run_ids:
+            _check_run_id(self.run_id)
+        rec: RolloutRecord | ResultRecord = self.record
+        if type(rec) is RolloutRecord:  # decoded: ``info`` as sent, until the decoder checks it
+            if not len(rec.names) == len(rec.is_int) == len(rec.values):
+                message = "names, ints and values must have the same length"
+                raise BadEvent("invalid-event", message, "record")
+            fields = (rec.names, rec.is_int, rec.values, bytes(rec.info), rec.masked)
+            self.record = _new_tuple(ResultRecord, fields)  # ResultRecord(*fields), faster
+
+
+class RunStarted(_Event, kw_only=True):
+    """A collection began (``type: "run_started"``).
+
+    - ``expected_rollouts``: how many rollouts to expect (its input rows);
+    - ``output_stem``: the rollouts file's stem, which names the profile's files
+      (``^[\\w.-]+$``, at most 200 bytes in UTF-8).
+    """
+
+    type: Literal["run_started"] = "run_started"
+    expected_rollouts: _Count
+    output_stem: _Stem
+
+    def __post_init__(self) -> None:
+        _check_run_id(self.run_id)
+        _check_name("output_stem", self.output_stem, _STEM_RE)
+
+
+class RunFinished(_Event, kw_only=True):
+    """The collection ended, complete or not (``type: "run_finished"``): the processor writes
+    the final profile."""
+
+    type: Literal["run_finished"] = "run_finished"
+
+
+Event = Input | Rollout | RunStarted | RunFinished
+ControlEvent = RunStarted | RunFinished
+_E = TypeVar("_E", Input, Rollout, RunStarted, RunFinished)
+_CONTROL: dict[object, type[RunStarted | RunFinished]] = {
+    "run_started": RunStarted,
+    "run_finished": RunFinished,
+}
+_ID_FIELDS: dict[type[_Event], tuple[str, ...]] = {
+    Input: ("run_id",),
+    Rollout: ("run_id", "task", "rollout"),
+    RunStarted: ("run_id",),
+    RunFinished: ("run_id",),
+}
+assert RolloutRecord.__struct_fields__ == ResultRecord._fields  # field for field
+
+# -------------------------------------------------------------------------------- encoding
+
+
+def encode(event: Event) -> bytes:
+    """Compact JSON bytes of an event, its fields in order, as orjson writes them."""
+    return orjson.dumps(_asdict(event), default=_wire)
+
+
+_asdict = msgspec.structs.asdict
+
+
+_NAMES, _INTS, _VALUES, _INFO, _MASKED = RolloutRecord.__struct_encode_fields__
+
+
+def _wire(value: object) -> dict[str, Any]:
+    """What orjson does not write itself: a rollout's record, as its :class:`RolloutRecord`."""
+    if type(value) is ResultRecord:
+        names, is_int, values, info, masked = value
+        raw = orjson.Fragment(info)  # already serialized by extract_result
+        return {_NAMES: names, _INTS: is_int, _VALUES: values, _INFO: raw, _MASKED: masked}
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+# The producers' encoders, one call per line: ``encode`` of the event built from the arguments.
+
+
+def encode_input(run_id: str, line: int, row: dict[str, Any]) -> bytes:
+    return orjson.dumps(_asdict(Input(run_id=run_id, line=line, row=row)), default=_wire)
+
+
+def encode_rollout(
+    run_id: str,
+    task: int,
+    rollout: int,
+    agent: str | None,
+    record: ResultRecord,
+    published_at: float,
+) -> bytes:
+    event = Rollout(
+        run_id=run_id,
+        task=task,
+        rollout=rollout,
+        agent=agent,
+        record=record,
+        published_at=published_at,
+    )
+    return orjson.dumps(_asdict(event), default=_wire)  # encode(event), inlined: once per line
+
+
+# -------------------------------------------------------------------------------- decoding
+
+_ROLLOUT = msgspec.json.Decoder(Rollout)
+_AT = re.compile(r"(.*) - at `\$\.?(.*)`", re.DOTALL)
+
+
+def decode_input(raw: bytes) -> Input:
+    """Raises ``ValueError`` for a bad event (:class:`BadEvent`, or orjson's error when it is
+    not JSON)."""
+    event = orjson.loads(raw)
+    try:
+        return msgspec.convert(event, Input)
+    except msgspec.ValidationError as exc:
+        raise _bad(event, Input, exc) from None
+
+
+def decode_control(raw: bytes) -> RunStarted | RunFinished:
+    """Raises ``ValueError`` for a bad event, as :func:`decode_input` does."""
+    event = orjson.loads(raw)
+    kind = event.get("type") if type(event) is dict else None
+    cls = _CONTROL.get(kind) if type(kind) is str else None
+    if cls is None:
+        expected = "`" + "` or `".join(map(str, _CONTROL)) + "`"
+        message = f"Expected a control event, `type` {expected}"
+        raise BadEvent("invalid-event", message, "type" if type(event) is dict else "")
+    try:
+        return msgspec.convert(event, cls)
+    except msgspec.ValidationError as exc:
+        raise _bad(event, cls, exc) from None
+
+
+def decode_rollout(raw: bytes) -> Rollout:
+    """Raises ``ValueError`` for a bad event, as :func:`decode_input` does."""
+    try:
+        event = _ROLLOUT.decode(raw)
+    except (ValueError, RecursionError) as exc:  # msgspec's errors, UnicodeDecodeError
+        event = _decode_parsed(raw, exc)
+    rec = event.record
+    try:
+        info = orjson.loads(rec.info)
+        canonical = orjson.dumps(info)  # whatever the publisher's spacing
+    except orjson.JSONDecodeError:
+        orjson.loads(raw)  # the event's own error (a non-finite number, invalid UTF-8, ...)
+        raise
+    except (orjson.JSONEncodeError, RecursionError) as exc:  # nested deeper than orjson writes
+        message = f"cannot be written back as JSON: {exc}"
+        raise BadEvent("invalid-event", message, "record.info") from None
+    if type(info) is not dict:
+        message = f"Expected `object`, got `{type(info).__name__}`"
+        raise BadEvent("invalid-event", message, "record.info")
+    if canonical != rec.info:
+        event.record = rec._replace(info=canonical)
+    return event
+
+
+def _decode_parsed(raw: bytes, error: Exception) -> Rollout:
+    """A rollout event msgspec's decoder rejected (with ``error``), decoded from what orjson
+    reads: its error when the event is not JSON by the batch reader's rules, the event when
+    orjson reads it as msgspec does not (a key given twice: the last one counts), the schema's
+    error otherwise."""
+    event = orjson.loads(raw)
+    try:
+        parsed = orjson.dumps(event)
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes: invalid, as msgspec said
+        raise _bad(event, Rollout, error) from None
+    try:
+        return _ROLLOUT.decode(parsed)
+    except (ValueError, RecursionError) as exc:
+        raise _bad(event, Rollout, exc) from None
+
+
+def _bad(event: object, cls: type[_Event], exc: Exception) -> BadEvent:
+    """The error of a parsed ``event`` that is not a valid ``cls``: a wrong ``v`` first, then a
+    missing id, then what the decoder said."""
+    if type(event) is dict:
+        v = event.get("v", SCHEMA_VERSION)
+        if type(v) is not int or v != SCHEMA_VERSION:
+            message = f"Expected schema version {SCHEMA_VERSION}, got {v!r}"
+            return BadEvent("schema-version", message, "v")
+        for field in _ID_FIELDS[cls]:
+            if field not in event:
+                return BadEvent("missing-id", f"Object missing required field `{field}`")
+    if isinstance(exc, BadEvent):
+        return exc
+    text = str(exc)
+    at = _AT.fullmatch(text)
+    return BadEvent("invalid-event", *at.groups()) if at else BadEvent("invalid-event", text)
+
+
+def decode_rollouts(raws: Sequence[bytes]) -> list[Rollout] | None:
+    """Every one of ``raws`` decoded (the processor's batch path), or None when any of them
+    needs :func:`decode_rollout` (an invalid event, a ``record.info`` not written as orjson
+    writes it).
+
+    The ``info`` entries of the batch are checked in one orjson round trip: when the joined raw
+    entries equal their re-encoding, each entry is already canonical and is kept as sent.
+    """
+    try:
+        events = [_ROLLOUT.decode(raw) for raw in raws]
+        joined = b"[%b]" % b",".join([event.record.info for event in events])
+        infos = orjson.loads(joined)
+        if orjson.dumps(infos) != joined:
+            return None
+    except (ValueError, orjson.JSONEncodeError, RecursionError):  # UnicodeDecodeError too
+        return None
+    if len(infos) != len(events) or not all(type(info) is dict for info in infos):
+        return None
+    return events
+
+
+_DECODERS: dict[type[_Event], Callable[[bytes], _Event]] = {
+    Input: decode_input,
+    Rollout: decode_rollout,
+    RunStarted: decode_control,
+    RunFinished: decode_control,
+}
+
+
+def checked(event: _E) -> _E:
+    """``event`` as a processor would decode it, or :class:`BadEvent` (a struct built in Python
+    is not checked: only the UTF-8 length of its names is)."""
+    return cast(_E, _DECODERS[type(event)](encode(event)))
 
 
 def reject_reason(exc: Exception) -> RejectReason:
@@ -405,16 +473,8 @@ def reject_reason(exc: Exception) -> RejectReason:
         if exc.msg.startswith("number is infinity") or rest.startswith(("NaN", "Infinity")):
             return "non-finite-number"
         return "not-json"
+    if isinstance(exc, BadEvent):
+        return exc.reason
     if isinstance(exc, MissingKey):
         return "missing-id"
-    if isinstance(exc, ValidationError):
-        errors = exc.errors()
-        fields = []
-        for err in errors:
-            loc = tuple(err["loc"])
-            fields.append((err["type"], loc[1:] if loc[:1] and loc[0] in _CONTROL_TYPES else loc))
-        if any(loc == ("v",) for _, loc in fields):
-            return "schema-version"
-        if any(kind == "missing" and loc in _ID_FIELDS for kind, loc in fields):
-            return "missing-id"
     return "invalid-event"

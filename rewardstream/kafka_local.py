@@ -1,4 +1,4 @@
-"""Run a real single-node Apache Kafka 4.3.1 broker (KRaft) from Maven Central jars.
+"""Run a real Apache Kafka 4.3.1 broker, or a 3-broker KRaft cluster, from Maven Central jars.
 
 Why: the profiler's tests and local runs need a real broker, but there is no Docker engine here
 and no Python package ships the broker. Maven resolves the broker classpath from
@@ -7,13 +7,15 @@ process group and fresh temporary directory (recipe: ``/work/shared/spec/kafka-l
 
 CLI (``rewardstream kafka ...``, wired in via :func:`add_parser`):
 
-* ``start [--port N]``: start a detached broker, print ``bootstrap=127.0.0.1:<port>`` as the last
-  stdout line and record it in ``<cache>/broker.json``. If that broker is still alive, fail with
-  exit code 1 and ``a broker is already running at 127.0.0.1:<port> (pid N); run 'rewardstream
-  kafka stop' first``.
-* ``status``: ``running bootstrap=127.0.0.1:<port> pid=N`` (exit 0) or ``not running`` (exit 1).
-* ``stop``: SIGTERM, then after 30 s SIGKILL of the broker's own process group; removes its
-  workdir and the state file. Prints ``not running`` (exit 0) when nothing runs.
+* ``start [--port N] [--partitions N] [--brokers 1|3]``: start a detached broker (or cluster),
+  print ``bootstrap=127.0.0.1:<port>[,...]`` as the last stdout line and record every broker in
+  ``<cache>/broker.json``. If it is still alive, fail with exit code 1 and ``a broker is already
+  running at 127.0.0.1:<port> (pid N); run 'rewardstream kafka stop' first``.
+* ``status``: ``running bootstrap=127.0.0.1:<port> pid=N`` (exit 0; a cluster prints ``pids=``),
+  ``degraded bootstrap=... pids=... down=...`` (exit 2: part of a cluster died) or ``not
+  running`` (exit 1).
+* ``stop``: SIGTERM, then after 30 s SIGKILL of each recorded broker's own process group; removes
+  the workdirs and the state file. Prints ``not running`` (exit 0) when nothing runs.
 * ``fetch``: only download the jars and print the libs directory.
 
 Environment: ``REWARDSTREAM_CACHE_DIR`` (default ``~/.cache/rewardstream``) holds the jars and the
@@ -52,8 +54,10 @@ __all__ = [
     "KAFKA_VERSION",
     "BrokerState",
     "BrokerUnavailable",
+    "ClusterState",
     "KafkaLocalError",
     "LocalBroker",
+    "LocalCluster",
     "add_parser",
     "cache_dir",
     "fetch_jars",
@@ -89,6 +93,18 @@ BROKER_JVM_ARGS = (
     "-Djava.awt.headless=true",
 )
 TOOL_JVM_ARGS = ("-Xmx256m",)
+# Cluster nodes: three JVMs share 2 cores and the tests' memory, so each gets a smaller heap
+# (placed after BROKER_JVM_ARGS: the JVM's last -Xms/-Xmx wins).
+CLUSTER_NODE_JVM_ARGS = ("-Xms128m", "-Xmx384m")
+# A cluster's workdirs are deleted on stop, so a graceful shutdown buys nothing: the last Raft
+# leader waits 5 s for peers that are already gone, so SIGKILL stragglers after 2 s.
+CLUSTER_STOP_TIMEOUT_S = 2.0
+# `kafka start` default: a consumer group of up to 4 processors all get partitions (with 1, a
+# second processor sits idle). LocalBroker keeps 1, which the test fixtures rely on.
+CLI_PARTITIONS = 4
+ALREADY_RUNNING_CLUSTER = (
+    "a cluster is already running at {bootstrap} (pids {pids}); run 'rewardstream kafka stop' first"
+)
 LOG4J2_PROPERTIES = """\
 status = warn
 appender.console.type = Console
@@ -202,6 +218,24 @@ def fetch_jars() -> Path:
 # --------------------------------------------------------------------------- broker helpers
 
 
+def _launch_retrying(launch: Callable[[], None], stop: Callable[[], None], retry: bool) -> None:
+    """Launch (``launch`` picks its ports), once more with new ports when a JVM lost a port
+    race (another process bound a free port between our pick and its bind); stop whatever
+    was started on any failure."""
+    for attempt in (1, 2):
+        try:
+            launch()
+            return
+        except _EarlyExit as exc:
+            stop()
+            if attempt == 2 or not retry or "Address already in use" not in str(exc):
+                raise
+            log.warning("port race (%s); retrying once with new ports", exc)
+        except BaseException:
+            stop()
+            raise
+
+
 def free_port(exclude: Collection[int] = ()) -> int:
     """A currently free loopback port; never 0, because port 0 opens the socket before ready."""
     while True:
@@ -226,9 +260,17 @@ def _server_properties(
     controller_port: int,
     extra_listeners: Mapping[str, tuple[str, int]] | None = None,
     extra_properties: Mapping[str, str] | None = None,
+    *,
+    node_id: int = 1,
+    voters: str | None = None,
+    partitions: int = 1,
+    replication: int = 1,
 ) -> str:
-    """Spec §1.4: single static voter, and RF/min-ISR 1 so groups and transactions work.
+    """Spec §1.4: by default one static voter, and RF/min-ISR 1 so groups and transactions work.
 
+    A cluster node passes its ``node_id``, all ``voters`` (``id@host:port,...``) and
+    ``replication`` (> 1): new and internal topics then get that RF and min ISR ``RF - 1``, so
+    acks=all and transactions survive one dead broker. ``partitions`` is ``num.partitions``.
     ``extra_listeners`` (name -> (security protocol, port)) are added next to PLAINTEXT, which
     stays the inter-broker listener; ``extra_properties`` are appended (e.g. a listener's JAAS
     config), so secured listeners can be tested against the same real broker.
@@ -243,32 +285,40 @@ def _server_properties(
         if "\n" in key + value or "\r" in key + value or "=" in key:
             raise ValueError(f"server property {key!r}: no line breaks, no '=' in the key")
         extra += f"{key}={value}\n"
+    rf, isr = replication, max(1, replication - 1)
+    if rf > 1:
+        # Detect a killed broker in ~4 s (defaults 9 s/30 s), so failover tests stay short;
+        # not lower, since three JVMs on 2 busy cores can stall for a second or two.
+        extra = (
+            "broker.session.timeout.ms=4000\nbroker.heartbeat.interval.ms=1000\n"
+            "replica.lag.time.max.ms=10000\n" + extra
+        )
     return f"""\
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@{HOST}:{controller_port}
+node.id={node_id}
+controller.quorum.voters={voters or f"{node_id}@{HOST}:{controller_port}"}
 controller.listener.names=CONTROLLER
 listeners={listeners}
 advertised.listeners={listeners}
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map={protocols}
 log.dirs={workdir / "data"}
-num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
+num.partitions={partitions}
+default.replication.factor={rf}
+min.insync.replicas={isr}
 auto.create.topics.enable=true
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor={rf}
 offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor={rf}
+transaction.state.log.min.isr={isr}
 transaction.state.log.num.partitions=1
 group.initial.rebalance.delay.ms=0
 num.network.threads=2
 num.io.threads=4
 num.recovery.threads.per.data.dir=1
 log.cleaner.dedupe.buffer.size=33554432
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor={rf}
+share.coordinator.state.topic.min.isr={isr}
 {extra}"""
 
 
@@ -289,14 +339,15 @@ async def wait_ready(
     *,
     check: Callable[[], None] | None = None,
     cluster_id: str | None = None,
+    brokers: int = 1,
 ) -> dict[str, Any]:
-    """Poll until a Metadata round trip lists a broker; return the describe_cluster dict.
+    """Poll until a Metadata round trip lists ``brokers`` brokers; return the describe_cluster dict.
 
     ``check`` runs every 0.2 s *alongside* the poll and may raise to abort (e.g. the JVM died),
     so a dead broker is reported at once rather than after a hung admin request.
     ``cluster_id`` guards against answering for a different broker on the same port.
     """
-    poller = asyncio.ensure_future(_poll_ready(bootstrap, timeout, cluster_id))
+    poller = asyncio.ensure_future(_poll_ready(bootstrap, timeout, cluster_id, brokers))
     if check is None:
         return await poller
     watcher = asyncio.ensure_future(_watch(check))
@@ -317,7 +368,9 @@ async def _watch(check: Callable[[], None]) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _poll_ready(bootstrap: str, timeout: float, cluster_id: str | None) -> dict[str, Any]:
+async def _poll_ready(
+    bootstrap: str, timeout: float, cluster_id: str | None, brokers: int = 1
+) -> dict[str, Any]:
     """A fixed-port KRaft broker opens its socket only once ready, so a cheap TCP probe gates
     the (noisier) admin client."""
     from aiokafka.admin import AIOKafkaAdminClient
@@ -336,7 +389,7 @@ async def _poll_ready(bootstrap: str, timeout: float, cluster_id: str | None) ->
                         f"{bootstrap} answers for cluster {meta.get('cluster_id')!r}, "
                         f"not ours ({cluster_id!r}); is another broker on that port?"
                     )
-                if meta.get("brokers"):
+                if len(meta.get("brokers") or ()) >= brokers:
                     return meta
             except KafkaLocalError:
                 raise
@@ -359,7 +412,9 @@ def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _terminate(pid: int, pgid: int, alive: Callable[[], bool], timeout: float) -> None:
+def _terminate(
+    pid: int, pgid: int, alive: Callable[[], bool], timeout: float, *, warn: bool = True
+) -> None:
     """SIGTERM (controlled shutdown), then SIGKILL of the broker's own process group.
 
     The group is only signalled while its leader is unreaped, so its id cannot have been reused.
@@ -372,7 +427,10 @@ def _terminate(pid: int, pgid: int, alive: Callable[[], bool], timeout: float) -
     while alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     if alive():
-        log.warning("broker pid %d ignored SIGTERM for %.0fs; sending SIGKILL", pid, timeout)
+        if warn:
+            log.warning("broker pid %d ignored SIGTERM for %.0fs; sending SIGKILL", pid, timeout)
+        else:
+            log.info("broker pid %d still up %.0fs after SIGTERM; sending SIGKILL", pid, timeout)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         deadline = time.monotonic() + 10
@@ -408,7 +466,9 @@ class LocalBroker:
     ``startup_seconds`` is measured from :meth:`start` (incl. storage format) to readiness.
     ``extra_listeners`` (name -> security protocol, e.g. ``{"SASL": "SASL_PLAINTEXT"}``) each
     get a free loopback port (:meth:`address`); ``extra_properties`` are added to
-    server.properties (e.g. ``listener.name.sasl.plain.sasl.jaas.config``).
+    server.properties (e.g. ``listener.name.sasl.plain.sasl.jaas.config``). ``partitions`` is
+    the broker's ``num.partitions`` for auto-created topics. :class:`LocalCluster` sets
+    ``node_id``/``voters``/``replication`` to make it one node of a cluster.
     """
 
     port: int | None = None
@@ -418,6 +478,10 @@ class LocalBroker:
     jvm_args: Sequence[str] = ()
     extra_listeners: Mapping[str, str] = field(default_factory=dict)
     extra_properties: Mapping[str, str] = field(default_factory=dict, repr=False)
+    partitions: int = 1
+    node_id: int = field(default=1, init=False)
+    voters: str | None = field(default=None, init=False)
+    replication: int = field(default=1, init=False)
     listener_ports: dict[str, int] = field(default_factory=dict, init=False)
     workdir: Path | None = field(default=None, init=False)
     cluster_id: str | None = field(default=None, init=False)
@@ -450,35 +514,38 @@ class LocalBroker:
             raise KafkaLocalError("broker already started")
         if 0 in (self.port, self.controller_port):
             raise ValueError("port 0 is not allowed: the broker would look ready too early")
+        if self.partitions < 1:
+            raise ValueError(f"partitions must be >= 1, not {self.partitions}")
         java = _require("java", "install a JDK >= 17 (Kafka 4.x brokers need it)")
         libs = self.libs or fetch_jars()
         fixed = (self.port, self.controller_port)
         self.started_at = datetime.now(UTC)
         began = time.monotonic()
-        for attempt in (1, 2):
+
+        def launch() -> None:
             self.port = fixed[0] or free_port()
             self.controller_port = fixed[1] or free_port({self.port})
             taken = {self.port, self.controller_port}
             for name in self.extra_listeners:
                 taken.add(port := free_port(taken))
                 self.listener_ports[name] = port
-            try:
-                self._launch(java, libs)
-                break
-            except _EarlyExit as exc:
-                self.stop()
-                if attempt == 2 or None not in fixed or "Address already in use" not in str(exc):
-                    raise
-                log.warning("port race (%s); retrying once with new ports", self.bootstrap)
-            except BaseException:
-                self.stop()
-                raise
+            self._launch(java, libs)
+
+        _launch_retrying(launch, self.stop, retry=None in fixed)
         self.startup_seconds = time.monotonic() - began
         atexit.register(self.stop)  # last resort if the owner forgets to stop us
         log.info("broker ready at %s in %.1fs", self.bootstrap, self.startup_seconds)
         return self
 
     def _launch(self, java: str, libs: Path) -> None:
+        self._prepare(java, libs, new_cluster_id())
+        log.info(
+            "starting Kafka %s on %s (workdir %s)", KAFKA_VERSION, self.bootstrap, self.workdir
+        )
+        self._spawn(java, libs)
+
+    def _prepare(self, java: str, libs: Path, cluster_id: str) -> None:
+        """Fresh workdir, property files and storage format (a cluster formats in parallel)."""
         assert self.port is not None and self.controller_port is not None
         self.workdir = workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         (workdir / "data").mkdir()
@@ -486,14 +553,22 @@ class LocalBroker:
         extra = {n: (p, self.listener_ports[n]) for n, p in self.extra_listeners.items()}
         props.write_text(
             _server_properties(
-                workdir, self.port, self.controller_port, extra, self.extra_properties
+                workdir,
+                self.port,
+                self.controller_port,
+                extra,
+                self.extra_properties,
+                node_id=self.node_id,
+                voters=self.voters,
+                partitions=self.partitions,
+                replication=self.replication,
             )
         )
         log4j = workdir / "log4j2.properties"
         log4j.write_text(LOG4J2_PROPERTIES)
         classpath = f"{libs}/*"
         common = [f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
-        self.cluster_id = new_cluster_id()
+        self.cluster_id = cluster_id
         fmt_cmd = [java, *TOOL_JVM_ARGS, *common, "kafka.tools.StorageTool", "format"]
         fmt = subprocess.run(
             [*fmt_cmd, "-t", self.cluster_id, "-c", str(props)],
@@ -512,11 +587,22 @@ class LocalBroker:
                     "or point KAFKA_LIBS_DIR at a directory with the Kafka jars"
                 )
             raise KafkaLocalError(f"StorageTool format failed:\n{_tail(out)}{hint}")
-        log.info("starting Kafka %s on %s (workdir %s)", KAFKA_VERSION, self.bootstrap, workdir)
-        self._spawn(java, libs)
 
     def _spawn(self, java: str, libs: Path, append: bool = False) -> None:
         """Launch the JVM on the formatted workdir and block until it answers."""
+        self._popen(java, libs, append)
+        _run_sync(
+            wait_ready(
+                self.bootstrap,
+                self.ready_timeout,
+                check=self._check_alive,
+                cluster_id=self.cluster_id,
+            )
+        )
+
+    def _popen(self, java: str, libs: Path, append: bool = False) -> None:
+        """Launch the JVM on the formatted workdir without waiting (a cluster's nodes need each
+        other's votes before any of them is ready)."""
         assert self.workdir is not None
         workdir, props = self.workdir, self.workdir / "server.properties"
         common = [f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}", "-cp", f"{libs}/*"]
@@ -531,14 +617,6 @@ class LocalBroker:
                 process_group=0,  # own group: stop() can kill exactly this tree, nothing else
             )
         self.pid = self._proc.pid
-        _run_sync(
-            wait_ready(
-                self.bootstrap,
-                self.ready_timeout,
-                check=self._check_alive,
-                cluster_id=self.cluster_id,
-            )
-        )
 
     def _check_alive(self) -> None:
         if self._proc is not None and self._proc.poll() is not None:
@@ -556,12 +634,15 @@ class LocalBroker:
         except OSError:
             return ""
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """Stop the JVM (SIGTERM, then SIGKILL of its group) and delete the workdir. Idempotent."""
+    def stop(self, timeout: float = STOP_TIMEOUT_S, *, warn: bool = True) -> None:
+        """Stop the JVM (SIGTERM, then SIGKILL of its group) and delete the workdir. Idempotent.
+
+        ``warn=False`` logs a needed SIGKILL at INFO only (a cluster expects one).
+        """
         atexit.unregister(self.stop)
         proc, self._proc = self._proc, None
         if proc is not None:
-            _terminate(proc.pid, proc.pid, lambda: proc.poll() is None, timeout)
+            _terminate(proc.pid, proc.pid, lambda: proc.poll() is None, timeout, warn=warn)
             if proc.poll() is None:
                 proc.wait()
         _remove_workdir(self.workdir)
@@ -573,16 +654,37 @@ class LocalBroker:
         Why: fault trials (``bench/chaos.py``) check that producers and processors ride through
         a broker restart, which needs the same address and the logs kept.
         """
-        proc, self._proc = self._proc, None
+        proc = self._proc
         if proc is None or self.workdir is None:
             raise KafkaLocalError("broker not started")
         if kill:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # unreaped leader: the group id is ours
+            self.kill()
         else:
             _terminate(proc.pid, proc.pid, lambda: proc.poll() is None, STOP_TIMEOUT_S)
-        proc.wait()
+            proc.wait()
         time.sleep(pause)
+        self.resume()
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to the broker's process group, wait for the JVM to exit; return its pid.
+
+        The workdir stays, so :meth:`resume` brings the same broker back (fault tests).
+        """
+        proc = self._proc
+        if proc is None:
+            raise KafkaLocalError("broker not started")
+        if proc.poll() is None:  # unreaped leader: the group id is still ours
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+        proc.wait()
+        return proc.pid
+
+    def resume(self) -> None:
+        """Start the exited JVM again on the same data dir, ports and cluster id, until ready."""
+        if self._proc is None or self.workdir is None or not self.workdir.is_dir():
+            raise KafkaLocalError("broker not started")
+        if self.running:
+            raise KafkaLocalError(f"broker pid {self.pid} is still running")
         java = _require("java", "install a JDK >= 17 (Kafka 4.x brokers need it)")
         self._spawn(java, self.libs or fetch_jars(), append=True)
 
@@ -615,6 +717,238 @@ class LocalBroker:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What ``<cache>/broker.json`` records about a detached broker or cluster (every broker)."""
+
+    bootstrap: str
+    started_at: str
+    brokers: tuple[BrokerState, ...]
+
+    @property
+    def pids(self) -> list[int]:
+        """Each broker's pid, in node order."""
+        return [b.pid for b in self.brokers]
+
+    def to_json(self) -> dict[str, Any]:
+        """The first broker's fields at top level (the single-broker file as before), plus all."""
+        first = asdict(self.brokers[0])
+        return {**first, "bootstrap": self.bootstrap, "brokers": [asdict(b) for b in self.brokers]}
+
+
+@dataclass(eq=False)
+class LocalCluster:
+    """``brokers`` combined broker+controller KRaft nodes on loopback: a static voter each.
+
+    Why: replication and failover (acks=all, min ISR 2, one broker killed mid-run) can only be
+    tested against several brokers. Each node is a :class:`LocalBroker` (own process group,
+    workdir, free ports; heap ``CLUSTER_NODE_JVM_ARGS``); ``brokers=1`` is a plain LocalBroker
+    (replication 1), ``port`` fixes the first broker's port. New and internal topics get
+    replication ``min(brokers, 3)`` and min ISR one less. :attr:`pids`, :meth:`kill_broker` and
+    :meth:`start_broker` let a test kill one broker and bring it back.
+    """
+
+    brokers: int = 3
+    partitions: int = 1
+    port: int | None = None
+    libs: Path | None = None
+    ready_timeout: float = READY_TIMEOUT_S
+    jvm_args: Sequence[str] = ()
+    nodes: list[LocalBroker] = field(default_factory=list, init=False)
+    cluster_id: str | None = field(default=None, init=False)
+    startup_seconds: float | None = field(default=None, init=False)
+    started_at: datetime | None = field(default=None, init=False)
+
+    @property
+    def bootstrap(self) -> str:
+        """Every broker's ``127.0.0.1:<port>``, comma separated."""
+        if not self.nodes:
+            raise KafkaLocalError("cluster not started")
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def pids(self) -> list[int]:
+        """The current JVM pid of each broker, in node order (node id = index + 1)."""
+        return [node.pid for node in self.nodes if node.pid is not None]
+
+    @property
+    def running(self) -> bool:
+        """True while every broker's JVM is alive."""
+        return bool(self.nodes) and all(node.running for node in self.nodes)
+
+    def start(self) -> Self:
+        """Format every node, launch all JVMs, and block until each lists all brokers."""
+        if self.nodes:
+            raise KafkaLocalError("cluster already started")
+        if self.brokers < 1 or self.partitions < 1:
+            raise ValueError("brokers and partitions must be >= 1")
+        if self.port == 0:
+            raise ValueError("port 0 is not allowed: the broker would look ready too early")
+        self.started_at = datetime.now(UTC)
+        began = time.monotonic()
+        if self.brokers == 1:
+            node = LocalBroker(
+                port=self.port,
+                libs=self.libs,
+                ready_timeout=self.ready_timeout,
+                jvm_args=self.jvm_args,
+                partitions=self.partitions,
+            )
+            self.nodes = [node]
+            node.start()  # stops itself on failure
+            self.cluster_id = node.cluster_id
+        else:
+            java = _require("java", "install a JDK >= 17 (Kafka 4.x brokers need it)")
+            libs = self.libs or fetch_jars()
+            _launch_retrying(lambda: self._launch(java, libs), self.stop, retry=True)
+        self.startup_seconds = time.monotonic() - began
+        atexit.register(self.stop)  # last resort if the owner forgets to stop us
+        log.info("cluster ready at %s in %.1fs", self.bootstrap, self.startup_seconds)
+        return self
+
+    def _launch(self, java: str, libs: Path) -> None:
+        taken: set[int] = set()
+        ports: list[tuple[int, int]] = []
+        for i in range(self.brokers):
+            port = self.port if i == 0 and self.port else free_port(taken)
+            taken.add(port)
+            taken.add(controller := free_port(taken))
+            ports.append((port, controller))
+        voters = ",".join(f"{i + 1}@{HOST}:{c}" for i, (_, c) in enumerate(ports))
+        self.cluster_id = cluster_id = new_cluster_id()
+        self.nodes = []
+        for i, (port, controller) in enumerate(ports):
+            node = LocalBroker(
+                port=port,
+                controller_port=controller,
+                libs=libs,
+                ready_timeout=self.ready_timeout,
+                jvm_args=(*CLUSTER_NODE_JVM_ARGS, *self.jvm_args),
+                partitions=self.partitions,
+            )
+            node.node_id, node.voters, node.replication = i + 1, voters, min(self.brokers, 3)
+            node.started_at = self.started_at
+            self.nodes.append(node)
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(lambda node: node._prepare(java, libs, cluster_id), self.nodes))
+        log.info("starting a %d-broker Kafka %s cluster", len(self.nodes), KAFKA_VERSION)
+        for node in self.nodes:
+            node._popen(java, libs)
+        _run_sync(self._wait_ready())
+
+    def _check_alive(self) -> None:
+        for node in self.nodes:
+            node._check_alive()
+
+    async def _wait_ready(self) -> None:
+        await asyncio.gather(
+            *(
+                wait_ready(
+                    node.bootstrap,
+                    self.ready_timeout,
+                    check=self._check_alive,
+                    cluster_id=self.cluster_id,
+                    brokers=len(self.nodes),
+                )
+                for node in self.nodes
+            )
+        )
+        await _create_coordinator_topics(self.bootstrap, self.ready_timeout)
+
+    def _node(self, index: int) -> LocalBroker:
+        if not 0 <= index < len(self.nodes):
+            raise KafkaLocalError(f"no broker {index}; the cluster has {len(self.nodes)}")
+        return self.nodes[index]
+
+    def kill_broker(self, index: int, sig: int = signal.SIGKILL) -> int:
+        """Kill broker ``index`` (0-based) with ``sig`` (its process group) and wait until it
+        exits; return its pid. Its data stays for :meth:`start_broker`."""
+        return self._node(index).kill(sig)
+
+    def start_broker(self, index: int) -> int:
+        """Start the exited broker ``index`` again (same ports, data); return its new pid."""
+        node = self._node(index)
+        node.resume()
+        assert node.pid is not None
+        return node.pid
+
+    def restart_broker(self, index: int, *, kill: bool = False, pause: float = 0.0) -> int:
+        """Stop broker ``index`` (SIGTERM, or SIGKILL with ``kill``), wait ``pause`` s, start it
+        again until ready; return its new pid."""
+        node = self._node(index)
+        node.restart(kill=kill, pause=pause)
+        assert node.pid is not None
+        return node.pid
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop every broker at once (SIGTERM, then SIGKILL) and delete the workdirs. Idempotent.
+
+        A cluster waits at most ``CLUSTER_STOP_TIMEOUT_S`` by default: its data is deleted anyway.
+        """
+        atexit.unregister(self.stop)
+        single = len(self.nodes) == 1
+        if timeout is None:
+            timeout = STOP_TIMEOUT_S if single else CLUSTER_STOP_TIMEOUT_S
+        if self.nodes:
+            with ThreadPoolExecutor(len(self.nodes)) as pool:
+                list(pool.map(lambda node: node.stop(timeout, warn=single), self.nodes))
+
+    def state(self) -> ClusterState:
+        """Snapshot for the state file of a detached cluster."""
+        if not self.nodes or self.started_at is None:
+            raise KafkaLocalError("cluster not started")
+        return ClusterState(
+            bootstrap=self.bootstrap,
+            started_at=self.started_at.isoformat(timespec="seconds"),
+            brokers=tuple(node.state() for node in self.nodes),
+        )
+
+    def detach(self) -> ClusterState:
+        """Forget the processes so they outlive this Python process (CLI ``start``)."""
+        state = self.state()
+        atexit.unregister(self.stop)
+        for node in self.nodes:
+            node.detach()
+        return state
+
+    def __enter__(self) -> Self:
+        return self if self.nodes else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+async def _create_coordinator_topics(bootstrap: str, timeout: float) -> None:
+    """Make the cluster create ``__consumer_offsets`` and ``__transaction_state`` now.
+
+    Why: Kafka creates them on first use with the configured replication (3), which fails while a
+    broker is down; a test that kills a broker before its first group or transaction would hang.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    deadline = time.monotonic() + timeout
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    await asyncio.wait_for(admin.start(), timeout)
+    try:
+        for kind in (0, 1):  # group, transaction coordinator
+            while True:
+                try:
+                    await admin.find_coordinator("rewardstream-local-cluster", kind)
+                    break
+                except Exception as exc:  # not available while the topic is being created
+                    if time.monotonic() > deadline:
+                        raise KafkaLocalError(f"no coordinator at {bootstrap}: {exc!r}") from exc
+                    await asyncio.sleep(0.2)
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
 
 
 # --------------------------------------------------------------------------- detached state
@@ -650,42 +984,62 @@ def _is_our_broker(state: BrokerState, *, exiting: bool = False) -> bool:
     return "kafka.Kafka" in cmdline and state.workdir in cmdline
 
 
-def read_state() -> BrokerState | None:
-    """The recorded detached broker, alive or not; None if there is no readable state file."""
+def read_state() -> ClusterState | None:
+    """The recorded detached broker(s), alive or not; None if there is no readable state file.
+
+    A file without ``brokers`` (written before clusters existed) is one broker.
+    """
     try:
         data = json.loads(state_path().read_text())
-        return BrokerState(**{k: data[k] for k in BrokerState.__dataclass_fields__})
-    except (OSError, ValueError, KeyError, TypeError):
+        items = data.get("brokers", [data])
+        keys = BrokerState.__dataclass_fields__
+        brokers = tuple(BrokerState(**{k: item[k] for k in keys}) for item in items)
+        if not brokers:
+            return None
+        return ClusterState(str(data["bootstrap"]), str(data["started_at"]), brokers)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def _write_state(state: BrokerState) -> None:
+def _write_state(state: ClusterState) -> None:
     path = state_path()
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
+    tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
     tmp.replace(path)
 
 
-def running_state() -> BrokerState | None:
-    """The detached broker if it is alive; otherwise clean up a stale state file and workdir."""
+def running_state() -> ClusterState | None:
+    """The detached broker(s) if any is alive; else clean up a stale state file and workdirs."""
     state = read_state()
-    if state is not None and _is_our_broker(state):
+    if state is not None and any(_is_our_broker(b) for b in state.brokers):
         return state
-    if state is not None:
-        _remove_workdir(state.workdir)
+    for broker in state.brokers if state is not None else ():
+        _remove_workdir(broker.workdir)
     state_path().unlink(missing_ok=True)
     return None
 
 
-def stop_detached(timeout: float = STOP_TIMEOUT_S) -> BrokerState | None:
-    """Stop the detached broker; return its state, or None if none was running."""
+def stop_detached(timeout: float = STOP_TIMEOUT_S) -> ClusterState | None:
+    """Stop every recorded broker that is still ours, all at once; return the state, or None if
+    none was running. Only the recorded pids' own process groups are signalled."""
     state = running_state()
     if state is None:
         return None
-    _terminate(state.pid, state.pgid, lambda: _is_our_broker(state, exiting=True), timeout)
-    if _is_our_broker(state, exiting=True):
-        raise KafkaLocalError(f"broker pid {state.pid} is still alive after SIGKILL")
-    _remove_workdir(state.workdir)
+    live = [b for b in state.brokers if _is_our_broker(b)]
+    single = len(state.brokers) == 1
+    if not single:
+        timeout = min(timeout, CLUSTER_STOP_TIMEOUT_S)  # the data is deleted anyway
+
+    def stop_one(b: BrokerState) -> None:
+        _terminate(b.pid, b.pgid, lambda: _is_our_broker(b, exiting=True), timeout, warn=single)
+
+    with ThreadPoolExecutor(max(1, len(live))) as pool:
+        list(pool.map(stop_one, live))
+    alive = [b.pid for b in live if _is_our_broker(b, exiting=True)]
+    if alive:
+        raise KafkaLocalError(f"broker pid(s) {alive} still alive after SIGKILL")
+    for broker in state.brokers:
+        _remove_workdir(broker.workdir)
     state_path().unlink(missing_ok=True)
     return state
 
@@ -785,25 +1139,25 @@ def _cmd_start(args: argparse.Namespace) -> int:
     with _state_lock():
         running = running_state()
         if running is not None:
-            print(
-                ALREADY_RUNNING.format(bootstrap=running.bootstrap, pid=running.pid),
-                file=sys.stderr,
-            )
+            pids = ",".join(map(str, running.pids))
+            msg = ALREADY_RUNNING if len(running.brokers) == 1 else ALREADY_RUNNING_CLUSTER
+            print(msg.format(bootstrap=running.bootstrap, pid=pids, pids=pids), file=sys.stderr)
             return 1
-        broker = LocalBroker(port=args.port)
+        cluster = LocalCluster(brokers=args.brokers, partitions=args.partitions, port=args.port)
         try:
-            broker.start()
-            state = broker.state()
+            cluster.start()
+            state = cluster.state()
             _write_state(state)
-        except KafkaLocalError as exc:
-            broker.stop()
+        except (KafkaLocalError, ValueError) as exc:
+            cluster.stop()
             print(f"error: {exc}", file=sys.stderr)
             return 1
         except BaseException:
-            broker.stop()
+            cluster.stop()
             raise
-        broker.detach()
-    log.info("pid %d, workdir %s, log %s/kafka.out", state.pid, state.workdir, state.workdir)
+        cluster.detach()
+    for b in state.brokers:
+        log.info("pid %d, workdir %s, log %s/kafka.out", b.pid, b.workdir, b.workdir)
     print(f"bootstrap={state.bootstrap}", flush=True)
     return 0
 
@@ -814,7 +1168,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if state is None:
         print("not running")
         return 1
-    print(f"running bootstrap={state.bootstrap} pid={state.pid}")
+    if len(state.brokers) == 1:
+        print(f"running bootstrap={state.bootstrap} pid={state.brokers[0].pid}")
+        return 0
+    pids = ",".join(map(str, state.pids))
+    down = ",".join(str(b.pid) for b in state.brokers if not _is_our_broker(b))
+    if down:
+        print(f"degraded bootstrap={state.bootstrap} pids={pids} down={down}")
+        return 2
+    print(f"running bootstrap={state.bootstrap} pids={pids}")
     return 0
 
 
@@ -826,7 +1188,12 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     except KafkaLocalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print("not running" if state is None else f"stopped pid={state.pid}")
+    if state is None:
+        print("not running")
+    elif len(state.brokers) == 1:
+        print(f"stopped pid={state.brokers[0].pid}")
+    else:
+        print(f"stopped pids={','.join(map(str, state.pids))}")
     return 0
 
 
@@ -847,15 +1214,44 @@ def _port(text: str) -> int:
     return port
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kafka start|stop|status|fetch``; each sets ``func(args) -> exit code``."""
-    kafka = subparsers.add_parser("kafka", help="run a local single-node Kafka broker")
+    kafka = subparsers.add_parser("kafka", help="run a local Kafka broker or 3-broker cluster")
     sub = kafka.add_subparsers(dest="kafka_command", required=True)
-    start = sub.add_parser("start", help="start a detached broker; last stdout line: bootstrap=")
-    start.add_argument("--port", type=_port, default=None, help="broker port (default: free)")
+    start = sub.add_parser(
+        "start", help="start a detached broker or cluster; last stdout line: bootstrap="
+    )
+    start.add_argument(
+        "--port", type=_port, default=None, help="port of the (first) broker (default: free)"
+    )
+    start.add_argument(
+        "--partitions",
+        type=_positive,
+        default=CLI_PARTITIONS,
+        metavar="N",
+        help=f"num.partitions of auto-created topics (default {CLI_PARTITIONS}, so a consumer "
+        "group of up to that many processors all get partitions; with 1 a second one sits idle)",
+    )
+    start.add_argument(
+        "--brokers",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="1 (default): one broker, replication 1; 3: a KRaft cluster of three broker+"
+        "controller nodes, replication 3, min ISR 2, so one broker may die without loss",
+    )
     start.set_defaults(func=_cmd_start)
-    sub.add_parser("stop", help="stop the detached broker").set_defaults(func=_cmd_stop)
-    sub.add_parser("status", help="is the detached broker running?").set_defaults(func=_cmd_status)
+    sub.add_parser("stop", help="stop every detached broker").set_defaults(func=_cmd_stop)
+    sub.add_parser("status", help="are the detached brokers running?").set_defaults(
+        func=_cmd_status
+    )
     sub.add_parser("fetch", help="download the broker jars only").set_defaults(func=_cmd_fetch)
 
 

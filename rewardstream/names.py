@@ -6,9 +6,20 @@ snapshot client checks the names it writes without importing the event models.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["MAX_NAME_BYTES", "RUN_ID", "STEM", "fits_a_name", "run_id_from", "valid_output_stem"]
+__all__ = [
+    "MAX_NAME_BYTES",
+    "RUN_ID",
+    "STEM",
+    "ProfilePaths",
+    "fits_a_name",
+    "run_id_from",
+    "valid_output_stem",
+]
 
 RUN_ID = r"^\w[\w.-]*$"  # a path component of the output folder: no separators, no leading dot
 STEM = r"^[\w.-]+$"  # the rollouts file's stem: a file name once a suffix is appended
@@ -37,3 +48,20 @@ def valid_output_stem(stem: object) -> bool:
         and re.fullmatch(STEM, stem) is not None
         and 0 < len(stem.encode()) <= MAX_NAME_BYTES
     )
+
+
+class ProfilePaths(NamedTuple):
+    """The three files ``ng_reward_profile`` writes next to the rollouts file."""
+
+    reward_profiling: Path
+    agent_metrics: Path
+    repeat_level_metrics: Path
+
+    @classmethod
+    def next_to(cls, rollouts: str | os.PathLike[str]) -> ProfilePaths:
+        r = Path(rollouts)
+        return cls(
+            r.with_name(f"{r.stem}_reward_profiling.jsonl"),
+            r.with_name(f"{r.stem}_agent_metrics.json"),
+            r.with_name(f"{r.stem}_repeat_level_metrics.json"),
+        )

@@ -12,11 +12,12 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO
 
 import orjson
 
 from rewardstream.errors import InputError
+from rewardstream.names import ProfilePaths
 
 if TYPE_CHECKING:  # annotations only: the snapshot client writes files without numpy
     from processors.profile import Profile, TaskRow
@@ -32,23 +33,6 @@ __all__ = [
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
-
-
-class ProfilePaths(NamedTuple):
-    """The three files ``ng_reward_profile`` writes next to the rollouts file."""
-
-    reward_profiling: Path
-    agent_metrics: Path
-    repeat_level_metrics: Path
-
-    @classmethod
-    def next_to(cls, rollouts: str | os.PathLike[str]) -> ProfilePaths:
-        r = Path(rollouts)
-        return cls(
-            r.with_name(f"{r.stem}_reward_profiling.jsonl"),
-            r.with_name(f"{r.stem}_agent_metrics.json"),
-            r.with_name(f"{r.stem}_repeat_level_metrics.json"),
-        )
 
 
 class InputsFile:
@@ -150,7 +134,11 @@ def summary_lines(profile: Profile, paths: ProfilePaths) -> list[str]:
         "from output.",
         f"Masked from quality metrics: {profile.masked_rollouts} rollout rows (kept in "
         "completion accounting above).",
-        f"Reward profiling outputs: {paths.reward_profiling}",
-        f"Agent-level metrics: {paths.agent_metrics}",
-        f"Repeat-level metrics: {paths.repeat_level_metrics}",
+        *profile_lines(paths),
     ]
+
+
+def profile_lines(paths: ProfilePaths) -> list[str]:
+    """NeMo Gym's three closing lines naming the profile files."""
+    labels = ("Reward profiling outputs", "Agent-level metrics", "Repeat-level metrics")
+    return [f"{label}: {path}" for label, path in zip(labels, paths, strict=True)]

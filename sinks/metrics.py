@@ -25,9 +25,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from rewardstream.contract import REJECT_REASONS, Rollout
+from rewardstream.contract import REJECT_REASONS, RejectReason, Rollout
 
 if TYPE_CHECKING:
+    from processors.pipeline import EventKind
     from processors.runs import Run
 
 __all__ = ["Metrics"]
@@ -72,6 +73,8 @@ class _LiveCollector(Collector):
             labels=["run_id"],
         )
         for run_id, run in self._runs().items():
+            if run.terminal is not None and run.terminal.evicted:
+                continue  # abandoned: its series go (README, --evict-after)
             for agent, live in run.live().items():
                 reward = live.columns.get("reward")
                 if reward is None or reward.count == 0:
@@ -130,6 +133,12 @@ class Metrics:
         self._agents: collections.Counter[str | None] = collections.Counter()  # since last fold
         self._latencies: list[float] = []
         self.registry.register(_LiveCollector(runs, lag, self._families))
+
+    def duplicate(self, kind: EventKind, n: int = 1) -> None:
+        self.duplicates.labels(kind).inc(n)
+
+    def reject(self, kind: EventKind, reason: RejectReason, n: int = 1) -> None:
+        self.rejected.labels(kind, reason).inc(n)
 
     def rollouts(self, events: Sequence[Rollout]) -> None:
         """Note consumed rollouts and their publish-to-visible latency (the hot path)."""

@@ -21,16 +21,21 @@ from rewardstream.kafka_local import free_port
 __all__ = ["Processor", "make_topics", "send_events"]
 
 
-async def make_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
-    """Data topics with ``partitions`` partitions, control with one (its order matters)."""
+async def make_topics(
+    bootstrap: str, topics: Topics, partitions: int, replication: int = 1
+) -> None:
+    """Data topics with ``partitions`` partitions, control with one (its order matters), each
+    with ``replication`` replicas (3 on a three-broker cluster, so that one may die)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await admin.create_topics(
             [
-                NewTopic(topics.inputs, num_partitions=partitions, replication_factor=1),
-                NewTopic(topics.rollouts, num_partitions=partitions, replication_factor=1),
-                NewTopic(topics.control, num_partitions=1, replication_factor=1),
+                NewTopic(topics.inputs, num_partitions=partitions, replication_factor=replication),
+                NewTopic(
+                    topics.rollouts, num_partitions=partitions, replication_factor=replication
+                ),
+                NewTopic(topics.control, num_partitions=1, replication_factor=replication),
             ]
         )
     finally:
@@ -72,9 +77,20 @@ class Processor:
         log: Path,
         checkpoint_every: float = 0.2,
         extra: Sequence[str] = (),
+        private_disk: Path | None = None,
+        host_disk: Path | None = None,
     ) -> None:
+        """``private_disk``: run as a separate host would, in a mount namespace of its own
+        with a private tmpfs at that folder (its ``--state-dir``, and ``out`` inside it):
+        invisible to every other process, gone with it (root only). ``host_disk`` (with
+        ``private_disk``): that folder bind-mounted there instead of a tmpfs, a host's own disk
+        that outlives the process (a restart on the same host finds it again)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.disk = private_disk
+        if private_disk is not None:
+            out = private_disk / "out"
+            extra = [*extra, "--state-dir", str(private_disk / "state")]
         cmd = [
             sys.executable,
             "-m",
@@ -92,8 +108,21 @@ class Processor:
             str(checkpoint_every),
             *extra,
         ]
+        if private_disk is not None:
+            private_disk.mkdir(parents=True, exist_ok=True)
+            script = f'mount -t tmpfs -o size=512m tmpfs "{private_disk}" && exec "$@"'
+            if host_disk is not None:
+                host_disk.mkdir(parents=True, exist_ok=True)
+                script = f'mount --bind "{host_disk}" "{private_disk}" && exec "$@"'
+            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *cmd]
         with log.open("ab") as err:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+
+    def seen(self, path: Path) -> Path:
+        """``path`` as this processor sees it (inside its own mount namespace, if any)."""
+        if self.disk is None:
+            return path
+        return Path(f"/proc/{self.proc.pid}/root") / path.relative_to("/")
 
     def _get(self, path: str) -> object:
         """A JSON answer of the endpoint, or None while it is not serving (starting, killed)."""

@@ -1,28 +1,33 @@
-"""Fast fault-injection trials (``bench/chaos.py``): every fault kind once or twice, on small
-collections, with real processes and a real broker. The full runs are in RELIABILITY.md."""
+"""Fast fault-injection trials (``bench/chaos.py``): every fault kind once, on small
+collections, with real processes (each a separate host: a mount namespace and a private disk
+of its own) and a real broker, 4 partitions. The full runs are in RELIABILITY.md."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from bench.chaos import FAST, run_trial
-from bench.generate import generate
-from processors.checkpoint import CheckpointStore
-from processors.pipeline import Pipeline
-from processors.runs import Unit
-from tests.golden import file_events
+
+pytestmark = [
+    pytest.mark.kafka,
+    pytest.mark.skipif(os.geteuid() != 0, reason="private mounts need root (unshare -m)"),
+]
 
 
-@pytest.mark.kafka
 @pytest.mark.parametrize(
     ("fault", "seed"),
     [
-        ("kill-processor", 1),  # aimed at a checkpoint write in progress
-        ("group-rebalance", 0),
+        ("kill-processor", 1),  # aimed between two offset commits ("checkpoint")
+        ("group-rebalance", 0),  # and a snapshot against the batch profile of its offsets
         ("publisher-rerun", 0),
         ("disorder", 1),  # two processors in one group
+        ("pod-loss", 0),  # the killed member's tmpfs gone; a fresh host replaces it
+        ("zombie", 0),  # the leader stopped past its session until the run is final
+        ("scale", 0),  # 1 -> 3 -> 1 members, a snapshot at three and at one
+        ("two-groups", 0),  # two exactly-one finals, one per group
     ],
 )
 def test_trial_loses_nothing_and_counts_nothing_twice(
@@ -30,64 +35,35 @@ def test_trial_loses_nothing_and_counts_nothing_twice(
 ) -> None:
     result = run_trial(fault, seed, kafka_bootstrap, tmp_path / "trial", FAST)
     assert result.ok, result.line()
+    assert result.detail["final_records"] == 1
+    shots = result.detail.get("snapshots", {})
+    assert all(x["equal"] for x in shots.values()), shots
+    if fault in ("pod-loss", "scale", "two-groups"):
+        assert shots, "no snapshot was checked"
 
 
-@pytest.mark.kafka
-def test_broker_restart_trial(tmp_path: Path) -> None:
-    """Its own broker, stopped and started again on the same data dir mid-run."""
-    result = run_trial("broker-restart", 1, None, tmp_path / "trial", FAST)
+@pytest.mark.parametrize(("fault", "seed"), [("broker-restart", 1), ("broker-kill", 0)])
+def test_broker_trials(tmp_path: Path, fault: str, seed: int) -> None:
+    """Its own broker, stopped and started again on the same data dir mid-run; or its own
+    three-broker cluster (replication 3), one broker killed mid-run."""
+    result = run_trial(fault, seed, None, tmp_path / "trial", FAST)
     assert result.ok, result.line()
 
 
-def test_a_zombie_never_rolls_a_checkpoint_back(tmp_path: Path) -> None:
-    """A processor paused past its session timeout still holds a unit the group gave to
-    another: its checkpoint, behind the new owner's, must not be written (``pause-member``)."""
-    store = CheckpointStore(tmp_path / ".checkpoint")
-    owner, zombie = Unit("rollout-0", tmp_path), Unit("rollout-0", tmp_path)
-    owner.position, zombie.position = 900, 400
-    assert store.save(owner)
-    zombie.dirty = True
-    assert not store.save(zombie) and not zombie.dirty
-    unit = store.load("rollout-0")
-    assert unit is not None and unit.position == 900
-    owner.position = 1000  # the owner moves on as before
-    assert store.save(owner)
-
-
-def test_a_restart_from_a_checkpoint_older_than_the_final_keeps_the_run_whole(
-    tmp_path: Path,
-) -> None:
-    """What ``kill -9`` after the final profile but before the next checkpoint leaves
-    (``kill-processor`` seed 15, ``group-rebalance`` seed 9, RELIABILITY.md): the restarted
-    processor must report the run neither short of the rollouts its profile holds, nor
-    holding their replay as duplicates, in all and per unit."""
-    data, out = tmp_path / "data", tmp_path / "out"
-    generate(tasks=20, repeats=2, out=data / "r", text_bytes=50, seed=2)
-    *body, started = file_events(
-        data / "r_materialized_inputs.jsonl", data / "r.jsonl", "run", "r", finish=False
-    )
-    store, cut = CheckpointStore(out / ".checkpoint"), len(body) - 15
-    with Pipeline(out) as first:
-        for kind, raw in [started, *body[:cut]]:
-            first.handle(kind, raw)
-        for unit in first.units.values():  # the last checkpoint: 15 rollouts short
-            store.save(unit)
-        for kind, raw in body[cut:]:
-            run = first.handle(kind, raw)
-            assert run is not None
-            first.maybe_finish(run)
-        assert first.runs["run"].done  # final profile written; killed before a checkpoint
-    with Pipeline(out) as second:
-        for name in ("input-0", "rollout-0"):
-            loaded = store.load(name)
-            assert loaded is not None
-            second.adopt(loaded)
-        for kind, raw in [started, *body[cut:]]:  # the replay after the checkpoint
-            second.handle(kind, raw)
-        run = second.runs["run"]
-        assert (run.done, run.rollouts, run.inputs, run.duplicates) == (True, 40, 40, 0)
-        parts = second.units["input-0"].parts["run"], second.units["rollout-0"].parts["run"]
-        assert [(p.inputs, p.rollouts) for p in parts] == [(40, 0), (0, 40)]
-        for kind, raw in body:  # republished: every event now a duplicate
-            second.handle(kind, raw)
-        assert (run.rollouts, run.inputs, run.duplicates) == (40, 40, len(body))
+def test_older_format_trial(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A processor meeting a member record of a newer format refuses with exit 2 and one
+    line, commits nothing and writes no final, while the other prefix's group is unharmed."""
+    result = run_trial("older-format", 0, kafka_bootstrap, tmp_path / "trial", FAST)
+    older = result.detail["older"]
+    assert older["exit"] == 2
+    assert len(older["error_lines"]) == 1
+    assert "format version 2" in older["error_lines"][0]
+    assert older["committed"] == 0
+    assert older["files"] in ([], ["out/.rewardstream-owner.json"])
+    records = older["records"]
+    assert sum(n for topic, n in records.items() if not topic.endswith(".members")) == 0
+    assert result.lost == 0 and result.double_counted == 0 and result.equal_to_batch
+    engine = [e for e in result.detail.get("errors", ()) if "refusing processor wrote" in e]
+    assert result.detail.get("errors", []) == engine, result.line()
+    if engine:  # RELIABILITY.md: it joins the group and writes to <prefix>.members first
+        pytest.xfail(f"engine finding, not fixed here: {engine[0][:200]}")

@@ -17,11 +17,13 @@ import pytest
 from aiohttp import web
 
 from processors.stream import StreamProcessor
-from producers.collect import CollectConfig, CollectionFailed, collect, main
+from producers.collect import CollectConfig, CollectionFailed, collect, main, run
 from producers.materialize import materialize
+from producers.run_id import default_run_id
 from rewardstream.cli import ng_reward_profile
 from rewardstream.contract import Topics
 from rewardstream.kafka_local import free_port
+from rewardstream.overrides import parse_overrides
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES
 from tests.gym import POLICY, NgRun, fast, keys, ng_run, read_jsonl, serve, write_problems
 
@@ -205,7 +207,7 @@ def servers() -> Iterator[NgRun]:
 def _profile_equals_batch(profiles: Path, data: Path, stem: str, work: Path) -> None:
     """The three files in ``profiles`` equal ng_reward_profile's on copies of ``data``'s two."""
     batch = work / "batch"
-    batch.mkdir()
+    batch.mkdir(parents=True)
     for name in (f"{stem}.jsonl", f"{stem}_materialized_inputs.jsonl"):
         shutil.copy(data / name, batch / name)
     inputs, rollouts = batch / f"{stem}_materialized_inputs.jsonl", batch / f"{stem}.jsonl"
@@ -276,14 +278,16 @@ def test_resume_after_the_collector_is_killed(
         child.wait()
     inputs = tmp_path / "r_materialized_inputs.jsonl"
     materialized = inputs.read_bytes()
+    run_id = default_run_id(inputs, "r")  # what the killed collection's events carried
     done_before = out.read_bytes()
     assert 20 <= done_before.count(b"\n") < 120
     with out.open("ab") as fh:  # what a kill in the middle of a write leaves behind
         fh.write(b'{"responses_create_params":{"input":"cut sh')
 
-    assert main([*args, "+resume_from_cache=true"]) == 0
+    report = run(parse_overrides([*args, "+resume_from_cache=true"]))
     assert "Dropped a truncated final line" in capsys.readouterr().err
     assert inputs.read_bytes() == materialized  # read back, not re-expanded
+    assert report.run_id == run_id  # the resumed collection is the same run
     results = read_jsonl(out)
     assert out.read_bytes().startswith(done_before)
     assert len(results) == 120 and sorted(keys(results)) == sorted(keys(read_jsonl(inputs)))
@@ -377,6 +381,23 @@ async def test_flaky_server_is_retried_and_recorded(fake_agent: Any, tmp_path: P
     assert len(read_jsonl(tmp_path / "r_failures.jsonl")) == 4
 
 
+async def test_run_id_names_the_collection(fake_agent: Any, tmp_path: Path) -> None:
+    """A resume keeps the run id, and ``rewardstream publish`` of the files derives the same
+    one; a new collection written to the same path is a new run."""
+    _, url = await fake_agent(lambda row, n: _ok(row))
+    cfg = _config(tmp_path, url)
+    first = await collect(cfg)
+    inputs = tmp_path / "r_materialized_inputs.jsonl"
+    assert first.run_id == default_run_id(inputs, "r")
+    resumed = await collect(cfg.model_copy(update={"resume_from_cache": True}))
+    assert resumed.cached == 4 and resumed.run_id == first.run_id
+    again = await collect(cfg)
+    assert again.completed == 4 and again.run_id != first.run_id
+    assert again.run_id == default_run_id(inputs, "r")
+    named = await collect(cfg.model_copy(update={"kafka_run_id": "mine"}))
+    assert named.run_id == "mine"
+
+
 async def test_any_file_name_works_without_kafka(fake_agent: Any, tmp_path: Path) -> None:
     """Run ids and stems are checked only when events are published."""
     _, url = await fake_agent(lambda row, n: _ok(row))
@@ -444,19 +465,19 @@ async def test_live_kafka_profile_equals_batch(
                 "head_server_url": servers.head_url,
                 "kafka_bootstrap_servers": kafka_bootstrap,
                 "kafka_topic_prefix": topics.inputs.rsplit(".", 1)[0],
+                "kafka_wait_profile": True,  # the streamed final, next to the rollouts file
+                "kafka_wait_profile_timeout_s": 60,
                 "quiet": True,
             }
         )
         report = await collect(cfg)
         assert report.completed == 90
-        runs = processor.pipeline.runs
-        deadline = time.monotonic() + 60
-        while not (report.run_id in runs and runs[report.run_id].done):
-            assert time.monotonic() < deadline, "the processor did not finish the run"
-            assert not task.done()
-            await asyncio.sleep(0.1)
+        assert report.profile is not None
+        assert report.profile.reward_profiling == tmp_path / "out" / "live_reward_profiling.jsonl"
+        assert processor.pipeline.runs[report.run_id].done
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
-    profiles = tmp_path / "profiles" / report.run_id
-    _profile_equals_batch(profiles, tmp_path / "out", "live", tmp_path)
+    _profile_equals_batch(tmp_path / "out", tmp_path / "out", "live", tmp_path)
+    mirror = tmp_path / "profiles" / report.run_id  # the processor's --output-dir
+    _profile_equals_batch(mirror, tmp_path / "out", "live", tmp_path / "again")

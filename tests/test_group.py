@@ -9,7 +9,7 @@ import signal
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import orjson
 import pytest
@@ -38,6 +38,17 @@ def _health(p: Processor) -> dict[str, object]:
         return {}
     assert isinstance(body, dict)
     return body
+
+
+def _rejected(p: Processor, reason: str) -> int:
+    """The member's dead letters of ``reason``, from its ``/metrics``."""
+    with urllib.request.urlopen(f"{p.url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("rewardstream_events_rejected_total{") and f'reason="{reason}"' in line
+    )
 
 
 def _done(run_id: str) -> Callable[[Runs], bool]:
@@ -95,13 +106,19 @@ def test_two_processors_split_partitions_and_write_the_batch_profile(
         p.wait(_done("run"))
     assert_batch_files(out / "run", inputs.parent)
 
-    # republishing the same files changes nothing: every event is a counted duplicate
+    # exactly one final profile, on the leader's disk and in Kafka
+    fetched = tmp_path / "fetched"
+    argv_get = ["profiles", "get", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix]
+    assert main([*argv_get, "--run-id", "run", "--out", str(fetched), "--timeout", "30"]) == 0
+    assert_batch_files(fetched, inputs.parent)
+
+    # republishing the same files changes nothing: every event is a dead letter (run-final)
     assert main([*argv, "--quiet"]) == 0
 
-    def duplicates(_: Runs) -> bool:
-        return sum(cast(int, p.runs()["run"]["duplicates"]) for p in group) == 40_000
+    def parked(_: Runs) -> bool:
+        return sum(_rejected(p, "run-final") for p in group) == 40_000
 
-    group[0].wait(duplicates)
+    group[0].wait(parked)
     assert_batch_files(out / "run", inputs.parent)
 
     # any member's snapshot merges both members' parts: here, the whole run
@@ -128,7 +145,7 @@ def test_member_killed_and_brought_back_counts_every_rollout_once(
     prefix, topics, group, out, log = start_group()
     send_events(kafka_bootstrap, topics, events[: thirds[0]], "run")
     group[0].wait(lambda runs: runs.get("run", {}).get("rollouts") == thirds[0] - n_in)
-    group[1].kill(signal.SIGKILL)  # its partitions move to the survivor, from its checkpoints
+    group[1].kill(signal.SIGKILL)  # its partitions move to the survivor, rebuilt from Kafka
     send_events(kafka_bootstrap, topics, events[thirds[0] : thirds[1]], "run")
     back = Processor(kafka_bootstrap, prefix, out, log)  # rejoins: a second rebalance
     processors.append(back)
@@ -149,7 +166,7 @@ def test_snapshot_mid_run_merges_the_members_parts(
     consumed = 250
     _, topics, group, _, _ = start_group()
     send_events(kafka_bootstrap, topics, [*events[: n_in + consumed], events[-1]], "run")
-    for p in group:  # idle members checkpoint at once, so each sees the other's share
+    for p in group:  # member records say at once what each holds, so each sees the other's share
         p.wait(lambda runs: runs.get("run", {}).get("rollouts") == consumed)
         p.wait(lambda runs: runs["run"]["expected_rollouts"] is not None)  # RunStarted read
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from rewardstream import kafka_local
 
@@ -77,6 +81,40 @@ def _exists(pid: int) -> bool:
     return True
 
 
+REPLICATION_KEYS = (
+    "num.partitions",
+    "default.replication.factor",
+    "min.insync.replicas",
+    "offsets.topic.replication.factor",
+    "transaction.state.log.replication.factor",
+    "transaction.state.log.min.isr",
+)
+
+
+async def broker_config(bootstrap: str, node_id: int) -> dict[str, str]:
+    """The replication-related settings broker ``node_id`` reports (DescribeConfigs)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        resource = ConfigResource(ConfigResourceType.BROKER, str(node_id))
+        (response,) = await admin.describe_configs([resource])
+        entries = response.resources[0][4]
+        return {e[0]: e[1] for e in entries if e[0] in REPLICATION_KEYS}
+    finally:
+        await admin.close()
+
+
+async def auto_created_partitions(bootstrap: str, topic: str) -> int:
+    """Produce to a topic that does not exist yet; return how many partitions Kafka gave it."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"x")
+        return len(await producer.partitions_for(topic))
+    finally:
+        await producer.stop()
+
+
 @pytest.fixture
 def reap_leftover(cli_env: dict[str, str]) -> Iterator[None]:
     """Never leak a JVM if a test fails half-way: stop whatever the state file records."""
@@ -89,14 +127,25 @@ def reap_leftover(cli_env: dict[str, str]) -> Iterator[None]:
 @pytest.mark.usefixtures("reap_leftover")
 def test_cli_start_twice_status_stop(cli_env: dict[str, str]) -> None:
     port = kafka_local.free_port()
-    started = cli(cli_env, "start", "--port", str(port))
+    started = cli(cli_env, "start", "--port", str(port), "--partitions", "3")
     assert started.returncode == 0, started.stderr
     bootstrap = f"127.0.0.1:{port}"
     assert started.stdout.strip().splitlines()[-1] == f"bootstrap={bootstrap}"
     state = json.loads((Path(cli_env["REWARDSTREAM_CACHE_DIR"]) / "broker.json").read_text())
     pid, workdir = state["pid"], Path(state["workdir"])
     assert state["bootstrap"] == bootstrap and state["pgid"] == pid and workdir.is_dir()
+    assert [b["pid"] for b in state["brokers"]] == [pid]
     assert not gone(pid, timeout=0)
+    # One broker: replication 1 and a transaction log that works on it; --partitions applies.
+    assert asyncio.run(broker_config(bootstrap, 1)) == {
+        "num.partitions": "3",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+    }
+    assert asyncio.run(auto_created_partitions(bootstrap, "auto-created")) == 3
 
     second = cli(cli_env, "start")
     assert second.returncode == 1
@@ -165,3 +214,139 @@ def test_early_exit_reports_kafka_out(kafka_libs: Path) -> None:
 def test_port_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="port 0"):
         kafka_local.LocalBroker(port=0).start()
+
+
+CLUSTER_CONFIG = {
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
+    "offsets.topic.replication.factor": "3",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+}
+
+
+@pytest.mark.usefixtures("reap_leftover")
+def test_cli_cluster_status_degraded_stop(cli_env: dict[str, str]) -> None:
+    """``--brokers 3``: every broker is recorded, reported and stopped by its own pid."""
+    started = cli(cli_env, "start", "--brokers", "3")
+    assert started.returncode == 0, started.stderr
+    bootstrap = started.stdout.strip().splitlines()[-1].removeprefix("bootstrap=")
+    assert len(bootstrap.split(",")) == 3
+    state = json.loads((Path(cli_env["REWARDSTREAM_CACHE_DIR"]) / "broker.json").read_text())
+    pids = [b["pid"] for b in state["brokers"]]
+    workdirs = [Path(b["workdir"]) for b in state["brokers"]]
+    assert state["bootstrap"] == bootstrap and len(set(pids)) == 3
+    assert all(w.is_dir() for w in workdirs)
+    cfg = asyncio.run(broker_config(bootstrap, 2))
+    assert cfg == {**CLUSTER_CONFIG, "num.partitions": str(kafka_local.CLI_PARTITIONS)}
+
+    status = cli(cli_env, "status")
+    joined = ",".join(map(str, pids))
+    assert (status.returncode, status.stdout.strip()) == (
+        0,
+        f"running bootstrap={bootstrap} pids={joined}",
+    )
+    second = cli(cli_env, "start", "--brokers", "3")
+    assert second.returncode == 1 and f"(pids {joined})" in second.stderr
+
+    os.kill(pids[1], signal.SIGKILL)
+    assert gone(pids[1])
+    status = cli(cli_env, "status")
+    assert (status.returncode, status.stdout.strip()) == (
+        2,
+        f"degraded bootstrap={bootstrap} pids={joined} down={pids[1]}",
+    )
+
+    stopped = cli(cli_env, "stop")
+    assert (stopped.returncode, stopped.stdout.strip()) == (0, f"stopped pids={joined}")
+    assert all(gone(pid) for pid in pids), "a broker of the cluster survived stop"
+    assert not any(w.exists() for w in workdirs)
+    assert cli(cli_env, "status").returncode == 1
+
+
+async def _produce(bootstrap: str, topic: str, values: range) -> None:
+    """acks=all (idempotent): every send returns only once min ISR (2) replicas have it."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, enable_idempotence=True, request_timeout_ms=10000
+    )
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, str(v).encode(), key=str(v).encode()) for v in values]
+        await asyncio.wait_for(asyncio.gather(*sent), 60)
+    finally:
+        await producer.stop()
+
+
+async def _consume_all(bootstrap: str, topic: str, group: str, expected: int) -> list[int]:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    values: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(values) < expected and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=1000)
+            values += [int(m.value or b"") for ms in batches.values() for m in ms]
+    finally:
+        await consumer.stop()
+    return values
+
+
+async def _leader_and_isr(bootstrap: str, topic: str) -> tuple[int, list[list[int]]]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (desc,) = await admin.describe_topics([topic])
+        parts = sorted(desc["partitions"], key=lambda p: p["partition"])
+        return parts[0]["leader"], [sorted(p["isr"]) for p in parts]
+    finally:
+        await admin.close()
+
+
+async def _create_topic(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=3)])
+    finally:
+        await admin.close()
+
+
+def test_cluster_loses_nothing_when_a_broker_is_killed(kafka_libs: Path) -> None:
+    """SIGKILL the leader of a partition mid-stream: acks=all writes and reads go on, nothing
+    is lost; the broker comes back and rejoins every ISR; stop leaves no JVM behind."""
+    started: list[int] = []
+    with kafka_local.LocalCluster(brokers=3, partitions=2, libs=kafka_libs) as cluster:
+        started += cluster.pids
+        bootstrap = cluster.bootstrap
+        assert len(set(started)) == 3 and cluster.running
+        assert asyncio.run(broker_config(bootstrap, 3)) == {**CLUSTER_CONFIG, "num.partitions": "2"}
+        asyncio.run(_create_topic(bootstrap, "events"))
+        asyncio.run(_produce(bootstrap, "events", range(100)))
+
+        leader, _ = asyncio.run(_leader_and_isr(bootstrap, "events"))
+        victim = leader - 1  # node id = index + 1
+        os.kill(cluster.pids[victim], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while cluster.nodes[victim].running:  # polling reaps our child
+            assert time.monotonic() < deadline, "SIGKILL did not end the broker"
+            time.sleep(0.05)
+        assert gone(started[victim]) and not cluster.running
+
+        asyncio.run(_produce(bootstrap, "events", range(100, 200)))
+        values = asyncio.run(_consume_all(bootstrap, "events", "g1", 200))
+        assert sorted(values) == list(range(200))
+
+        started.append(cluster.start_broker(victim))
+        assert cluster.running and started[-1] not in started[:3]
+        deadline = time.monotonic() + 30
+        while (isr := asyncio.run(_leader_and_isr(bootstrap, "events"))[1]) != [[1, 2, 3]] * 3:
+            assert time.monotonic() < deadline, f"ISR did not recover: {isr}"
+            time.sleep(0.5)
+        values = asyncio.run(_consume_all(bootstrap, "events", "g2", 200))
+        assert sorted(values) == list(range(200))
+        workdirs = [node.workdir for node in cluster.nodes]
+    assert not cluster.running
+    assert all(gone(pid) for pid in started), "a JVM of the test is still alive"
+    assert not any(w is not None and w.exists() for w in workdirs)

@@ -137,7 +137,7 @@ async def served(
 ) -> AsyncIterator[tuple[str, Pipeline]]:
     url, target = prometheus
     pipeline, metrics = _pipeline(tmp_path)
-    runner = await serve(make_app(pipeline, metrics.registry), "127.0.0.1", target)
+    runner, _ = await serve(make_app(pipeline, metrics.registry), "127.0.0.1", target)
     try:
         yield url, pipeline
     finally:
@@ -171,7 +171,12 @@ def test_latency_notes_fold_into_cumulative_le_buckets() -> None:
     now = time.time()
     record = ResultRecord(("reward",), (False,), (1.0,), b"{}", False)
     ages = (0.001, 0.01, 0.2, 100.0)
-    metrics.rollouts([Rollout("r", i, 0, "a", record, now - age) for i, age in enumerate(ages)])
+    metrics.rollouts(
+        [
+            Rollout(run_id="r", task=i, rollout=0, agent="a", record=record, published_at=now - age)
+            for i, age in enumerate(ages)
+        ]
+    )
     got = _samples(metrics)
     bucket = "rewardstream_publish_to_visible_seconds_bucket"
     assert got[(bucket, (("le", "0.005"),))] == 1

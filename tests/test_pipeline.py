@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 from bench.generate import generate
-from processors.checkpoint import CheckpointStore
-from processors.pipeline import EventKind, Pipeline, Rejected
+from processors.inprocess import finish
+from processors.pipeline import EventKind, Pipeline, Rejected, RemoteUnit
+from processors.runs import Counts, Done
 from processors.snapshot import SnapshotJob
 from producers.events import rollout_event
-from rewardstream.contract import RunFinished, encode
 from sinks.snapshot_wire import receive
 from tests.golden import (
     OUTPUT_SUFFIXES,
@@ -44,8 +44,8 @@ def test_events_in_any_order_give_the_golden_files(case: GoldenCase, tmp_path: P
     with Pipeline(tmp_path) as pipeline:
         for kind, raw in shuffled + shuffled[:3]:  # redelivered events count once
             run = pipeline.handle(kind, raw)
-            assert run is not None
-            pipeline.maybe_finish(run)
+            if run is not None:  # None: redelivered after the final (rejected, not dropped)
+                finish(pipeline, run)
     _assert_golden_files(pipeline, case, tmp_path / "run-1")
 
 
@@ -69,7 +69,7 @@ def test_rollouts_in_batches_give_the_golden_files(case: GoldenCase, tmp_path: P
         for kind, raw in events:
             if kind == "control":
                 pipeline.handle(kind, raw)
-        pipeline.maybe_finish(pipeline.runs["run-1"])
+        finish(pipeline, pipeline.runs["run-1"])
     _assert_golden_files(pipeline, case, tmp_path / "run-1")
 
 
@@ -105,39 +105,28 @@ def _collection(tmp_path: Path) -> list[tuple[EventKind, bytes]]:
     return file_events(data / "r_materialized_inputs.jsonl", data / "r.jsonl", "run", "r", False)
 
 
-def _restarted(out: Path, store: CheckpointStore, names: list[str]) -> Pipeline:
-    """A new pipeline owning the named units, as checkpointed."""
-    pipeline = Pipeline(out)
-    for name in names:
-        unit = store.load(name)
-        assert unit is not None
-        pipeline.adopt(unit)
-    return pipeline
-
-
 def _feed(pipeline: Pipeline, events: list[tuple[EventKind, bytes]]) -> None:
     """Apply ``events`` through two units per topic (by task parity), as two partitions."""
     for kind, raw in events:
         unit = None if kind == "control" else f"{kind}-{_task(raw) % 2}"
         run = pipeline.handle(kind, raw, unit)
-        assert run is not None
-        pipeline.maybe_finish(run)
+        if run is not None:  # None: rejected (e.g. after the run's final)
+            finish(pipeline, run)
 
 
-def test_a_done_run_keeps_its_counts_only_and_later_events_change_nothing(tmp_path: Path) -> None:
+def test_a_done_run_keeps_its_counts_only_and_later_events_are_rejected(tmp_path: Path) -> None:
     events, out = _collection(tmp_path), tmp_path / "out"
-    with Pipeline(out) as pipeline:
+    rejected: list[Rejected] = []
+    with Pipeline(out, on_reject=rejected.append) as pipeline:
         _feed(pipeline, events[:-1])
         run = pipeline.runs["run"]
         live, tasks = run.live(), run.tasks_complete()
-        _feed(pipeline, events[-1:])  # RunStarted: complete, so written and evicted
+        _feed(pipeline, events[-1:])  # RunStarted: complete, so written and retired
         assert run.done and all(p.final is not None for p in run.parts.values())
-        assert all(u.dirty for u in pipeline.units.values())  # so checkpoints drop it too
-        assert [p.name for p in (out / "run" / ".state").iterdir()] == ["final"]  # spills gone
+        assert not list((out / "run" / ".state").glob("*.spill"))  # spills gone
         assert (run.rollouts, run.inputs, tasks) == (120, 120, 40)
         assert (run.live(), run.tasks_complete()) == (live, tasks)  # metrics keep their values
-        paths = pipeline.final_paths("run")
-        assert paths is not None and paths == pipeline.paths(run)
+        paths = pipeline.paths(run)
         written = [p.read_bytes() for p in paths]
         job = SnapshotJob(pipeline, "run")  # a done run's snapshot: its final files
         with open(job.fd, "rb") as fh:
@@ -147,31 +136,29 @@ def test_a_done_run_keeps_its_counts_only_and_later_events_change_nothing(tmp_pa
         late = rollout_event(
             {"reward": 1.0, "_ng_task_index": 500, "_ng_rollout_index": 0}, "run", Path("x"), 1
         )
-        _feed(pipeline, [*events, ("rollout", late.value)])  # republished, and one never seen
-        assert (run.rollouts, run.inputs, run.duplicates) == (120, 120, 241)
+        _feed(pipeline, [*events[:-1], ("rollout", late.value)])  # republished, one never seen
+        assert (run.rollouts, run.inputs, run.duplicates) == (120, 120, 0)
+        assert [r.reason for r in rejected] == ["run-final"] * 241  # none dropped silently
         assert [p.read_bytes() for p in paths] == written
 
 
-def test_a_restart_from_checkpoints_knows_the_run_is_done(tmp_path: Path) -> None:
-    events, out = _collection(tmp_path), tmp_path / "out"
-    store = CheckpointStore(out / ".checkpoint")
-    with Pipeline(out) as first:
-        _feed(first, events[:-1])
-        names = sorted(first.units)
-        for unit in first.units.values():  # checkpointed before the final profile
-            store.save(unit)
-        _feed(first, events[-1:])
-    with _restarted(out, store, names) as second:  # the checkpoints hold the state: dropped
-        run = second.runs["run"]
-        assert run.done and all(p.final is not None for p in run.parts.values())
-        assert [p.name for p in (out / "run" / ".state").iterdir()] == ["final"]
-        for unit in second.units.values():
-            store.save(unit)
-    (out / "run" / ".state" / "final").unlink()  # the checkpoints alone still know
-    with _restarted(out, store, names) as third:
-        run = third.runs["run"]
-        _feed(third, events)
-        assert (run.done, run.rollouts, run.inputs, run.duplicates) == (True, 120, 120, 240)
+def test_a_replay_skips_what_the_final_covers_and_rejects_what_came_after(tmp_path: Path) -> None:
+    """After a restart a unit is read again from its committed offset: the events of a run
+    whose final record is known are replays up to the record's cut, dead letters after it."""
+    events = _collection(tmp_path)
+    data = [(k, raw) for k, raw in events if k != "control"]
+    rejected: list[Rejected] = []
+    with Pipeline(tmp_path / "out", on_reject=rejected.append) as pipeline:
+        units = {"input-0": 0, "rollout-0": 0}
+        done = Done(120, 120, {}, {"input-0": 120, "rollout-0": 100}, "r")
+        pipeline.mark_final("run", done)
+        for kind, raw in [*data, *data[-5:]]:
+            unit = f"{kind}-0"
+            assert pipeline.handle(kind, raw, unit, units[unit]) is None
+            units[unit] += 1
+        run = pipeline.runs["run"]
+        assert (run.replays, len(rejected), run.parts) == (220, 25, {})
+        assert {r.reason for r in rejected} == {"run-final"}
 
 
 def test_a_finished_run_waits_while_its_end_offsets_are_unknown(tmp_path: Path) -> None:
@@ -187,24 +174,23 @@ def test_a_finished_run_waits_while_its_end_offsets_are_unknown(tmp_path: Path) 
         assert pipeline.ready(run)
 
 
-def test_a_run_first_seen_after_the_peers_were_read_still_merges_their_parts(
+def test_a_run_first_seen_after_the_peers_were_heard_still_counts_their_parts(
     tmp_path: Path,
 ) -> None:
-    """A restarted leader may meet a run only after it read its peers' manifests; the run must
-    still count the peers' parts, or ``run_finished`` would end it without them."""
+    """A restarted leader may meet a run only after it read its peers' member records; the
+    run must still count the peers' parts, or ``run_finished`` would end it without them."""
     events, out = _collection(tmp_path), tmp_path / "out"
-    data, control = events[:-1], [*events[-1:], ("control", encode(RunFinished(run_id="run")))]
-    store = CheckpointStore(out / ".checkpoint")
-    with Pipeline(out) as peer:  # consumed every partition; the odd ones are the peer's share
-        _feed(peer, data)
-        for name in ("input-1", "rollout-1"):
-            assert store.save(peer.units[name])
-    with Pipeline(out, peers=store) as leader:
-        leader.set_peer_units({"input-1", "rollout-1"})  # read before the run is known
-        _feed(leader, [e for e in data if _task(e[1]) % 2 == 0] + control)
-        assert leader.runs["run"].done
-    lines = (out / "run" / "r_reward_profiling.jsonl").read_bytes().splitlines()
-    assert [orjson.loads(line)["num_rollouts"] for line in lines] == [3] * 40
+    data = events[:-1]
+    odd = [e for e in data if _task(e[1]) % 2 == 1]
+    with Pipeline(out) as leader:
+        counts = Counts(
+            sum(1 for k, _ in odd if k == "input"), sum(1 for k, _ in odd if k == "rollout")
+        )
+        leader.set_remote({"rollout-1": RemoteUnit(50, {"run": counts})})  # before the run
+        _feed(leader, [e for e in data if _task(e[1]) % 2 == 0] + events[-1:])
+        run = leader.runs["run"]
+        assert (run.rollouts, run.inputs) == (120, 120) and run.complete
+        assert finish(leader, run) is None  # parts elsewhere: the Kafka processor's job
 
 
 def _task(raw: bytes) -> int:

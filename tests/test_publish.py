@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import shutil
@@ -28,14 +29,13 @@ from hypothesis import strategies as st
 import producers.cli
 from processors.records import extract_result
 from processors.state import row_key
-from producers.publish import PublishReport, default_run_id, publish_files
+from producers.materialize import write_rows
+from producers.publish import PublishReport, publish_files
+from producers.run_id import default_run_id
 from rewardstream.batch import load_state
 from rewardstream.contract import (
     Input,
-    InputEvent,
     Rollout,
-    RolloutEvent,
-    RolloutRecord,
     RunFinished,
     RunStarted,
     Topics,
@@ -107,9 +107,11 @@ async def test_golden_blackjack_round_trip(
 
     report = await publish_files(inputs, rollouts, kafka_bootstrap, topics=topics)
 
-    digest = hashlib.sha1(str(rollouts.resolve()).encode()).hexdigest()[:8]
-    run_id = f"example_rollouts-{digest}"
-    assert report.run_id == run_id == default_run_id(rollouts)
+    st = inputs.stat()
+    ident = f"{inputs.resolve()}|{st.st_ino}|{st.st_mtime_ns}|{st.st_size}"
+    run_id = f"example_rollouts-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
+    assert report.run_id == run_id == default_run_id(inputs, "example_rollouts")
+    assert report.finished
     assert (report.inputs_sent, report.rollouts_sent) == (5, 5)
     assert report.seconds > 0
 
@@ -119,12 +121,13 @@ async def test_golden_blackjack_round_trip(
 
     rows = rows_of(inputs)
     got_inputs = sorted(((decode_input(r.value), r) for r in input_records), key=_line)
-    assert [e for e, _ in got_inputs] == [Input(run_id, i, row) for i, row in enumerate(rows)]
+    assert [e for e, _ in got_inputs] == [
+        Input(run_id=run_id, line=i, row=row) for i, row in enumerate(rows)
+    ]
     for row_event, record in got_inputs:
         assert record.key == task_key(row_event.row["_ng_task_index"])
         assert record.partition == key_partition(record.key, 3)
-        model_in = InputEvent.model_validate(orjson.loads(record.value))
-        assert encode(model_in) == record.value  # the fast encoder writes the canonical bytes
+        assert encode(row_event) == record.value  # the event, encoded again: the same bytes
 
     originals = {row_key(r): r for r in rows_of(rollouts)}
     assert len(rollout_records) == len(originals) == 5
@@ -137,8 +140,7 @@ async def test_golden_blackjack_round_trip(
         assert event.agent == original["agent_ref"]["name"] == "blackjack_gymnasium_agent"
         assert event.record == extract_result(original, event.task, event.rollout)
         assert abs(event.published_at - time.time()) < 120
-        model = RolloutEvent.model_validate(orjson.loads(record.value))
-        assert encode(model) == record.value  # the fast encoder writes the canonical bytes
+        assert encode(event) == record.value  # the event, encoded again: the same bytes
     assert not originals
 
     assert [r.key for r in control_records] == [run_id.encode()] * 2
@@ -245,80 +247,6 @@ def append(path: Path, data: bytes) -> None:
         fh.write(data)
 
 
-@pytest.mark.kafka
-async def test_follow_tails_complete_lines_through_truncation_and_rotation(
-    kafka_bootstrap: str, live_topics: tuple[Topics, LiveReader], tmp_path: Path
-) -> None:
-    topics, reader = live_topics
-    inputs = tmp_path / "live_materialized_inputs.jsonl"
-    rollouts = tmp_path / "live.jsonl"
-    inputs.write_bytes(
-        b"".join(
-            orjson.dumps({"_ng_task_index": t, "_ng_rollout_index": r}) + b"\n"
-            for t in range(3)
-            for r in range(2)
-        )
-    )
-    rollouts.write_bytes(line(0, 0) + line(0, 1))
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        publish_files(
-            inputs, rollouts, kafka_bootstrap, topics=topics, follow=True, stop=stop, run_id="live"
-        )
-    )
-    try:
-        assert await reader.until(2) == [(0, 0), (0, 1)]
-        append(rollouts, line(1, 0) + line(1, 1))
-        assert (await reader.until(4))[2:] == [(1, 0), (1, 1)]
-
-        half = len(line(2, 0)) // 2
-        append(rollouts, line(2, 0)[:half])
-        assert await reader.settle(1.0) == 4  # several polls: the half line waits
-        assert not task.done()  # (had it been parsed, it would have failed as malformed JSON)
-        append(rollouts, line(2, 0)[half:])
-        assert (await reader.until(5))[4:] == [(2, 0)]
-
-        rollouts.write_bytes(line(2, 1))  # truncated to fewer bytes: read again from the start
-        assert (await reader.until(6))[5:] == [(2, 1)]
-        append(rollouts, line(0, 0))
-        assert (await reader.until(7))[6:] == [(0, 0)]  # a duplicate: the processor dedupes
-
-        os.replace(rollouts, tmp_path / "live.jsonl.1")  # rotated: the new file from its start
-        rollouts.write_bytes(line(1, 0) * 3 + line(2, 0)[:half])
-        assert (await reader.until(10))[7:] == [(1, 0)] * 3
-        assert await reader.settle(0.6) == 10
-    finally:
-        stop.set()
-        report = await asyncio.wait_for(task, 30)
-
-    assert report == PublishReport("live", 6, 10, report.seconds)
-    control = [decode_control(r.value) for r in await read_all(kafka_bootstrap, topics.control, 1)]
-    assert control == [
-        RunStarted(run_id="live", expected_rollouts=6, output_stem="live"),
-        RunFinished(run_id="live"),
-    ]
-
-
-@pytest.mark.kafka
-async def test_follow_finishes_after_idle_timeout(
-    kafka_bootstrap: str, live_topics: tuple[Topics, LiveReader], tmp_path: Path
-) -> None:
-    topics, reader = live_topics
-    inputs = tmp_path / "idle_materialized_inputs.jsonl"
-    rollouts = tmp_path / "idle.jsonl"
-    inputs.write_bytes(orjson.dumps({"_ng_task_index": 0, "_ng_rollout_index": 0}) + b"\n")
-    rollouts.write_bytes(line(0, 0))
-    began = time.monotonic()
-    report = await publish_files(
-        inputs, rollouts, kafka_bootstrap, topics=topics, follow=True, idle_timeout=1.0
-    )
-    assert 1.0 <= time.monotonic() - began < 10
-    assert (report.inputs_sent, report.rollouts_sent) == (1, 1)
-    assert await reader.until(1) == [(0, 0)]
-    control = [decode_control(r.value) for r in await read_all(kafka_bootstrap, topics.control, 1)]
-    assert [type(e) for e in control] == [RunStarted, RunFinished]
-
-
 @needs_golden
 @pytest.mark.kafka
 def test_cli_publish(
@@ -351,6 +279,73 @@ def test_cli_publish(
     assert [type(decode_control(r.value)) for r in control] == [RunStarted, RunFinished]
 
 
+def inputs_for(path: Path, tasks: int, repeats: int = 2) -> Path:
+    """A materialized inputs file of ``tasks`` x ``repeats`` rows: what follow expects."""
+    rows = (
+        {"_ng_task_index": t, "_ng_rollout_index": r} for t in range(tasks) for r in range(repeats)
+    )
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    return path
+
+
+async def control_events(bootstrap: str, topics: Topics) -> list[RunStarted | RunFinished]:
+    return [decode_control(r.value) for r in await read_all(bootstrap, topics.control, 1)]
+
+
+@pytest.mark.kafka
+async def test_follow_tails_complete_lines_through_truncation_and_rotation(
+    kafka_bootstrap: str, live_topics: tuple[Topics, LiveReader], tmp_path: Path
+) -> None:
+    topics, reader = live_topics
+    inputs = inputs_for(tmp_path / "live_materialized_inputs.jsonl", 4)  # never all published
+    rollouts = tmp_path / "live.jsonl"
+    rollouts.write_bytes(line(0, 0) + line(0, 1))
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        publish_files(
+            inputs,
+            rollouts,
+            kafka_bootstrap,
+            topics=topics,
+            follow=True,
+            finish_on_stop=True,
+            stop=stop,
+            run_id="live",
+        )
+    )
+    try:
+        assert await reader.until(2) == [(0, 0), (0, 1)]
+        append(rollouts, line(1, 0) + line(1, 1))
+        assert (await reader.until(4))[2:] == [(1, 0), (1, 1)]
+
+        half = len(line(2, 0)) // 2
+        append(rollouts, line(2, 0)[:half])
+        assert await reader.settle(1.0) == 4  # several polls: the half line waits
+        assert not task.done()  # (had it been parsed, it would have failed as malformed JSON)
+        append(rollouts, line(2, 0)[half:])
+        assert (await reader.until(5))[4:] == [(2, 0)]
+
+        rollouts.write_bytes(line(2, 1))  # truncated to fewer bytes: read again from the start
+        assert (await reader.until(6))[5:] == [(2, 1)]
+        append(rollouts, line(0, 0))
+        assert (await reader.until(7))[6:] == [(0, 0)]  # a duplicate: the processor dedupes
+
+        os.replace(rollouts, tmp_path / "live.jsonl.1")  # rotated: the new file from its start
+        rollouts.write_bytes(line(1, 0) * 3 + line(2, 0)[:half])
+        assert (await reader.until(10))[7:] == [(1, 0)] * 3
+        assert await reader.settle(0.6) == 10
+        assert not task.done()  # 10 lines, but 6 of the 8 expected rollouts
+    finally:
+        stop.set()
+        report = await asyncio.wait_for(task, 30)
+
+    assert report == PublishReport("live", 8, 10, report.seconds, True)  # finish_on_stop
+    assert await control_events(kafka_bootstrap, topics) == [
+        RunStarted(run_id="live", expected_rollouts=8, output_stem="live"),
+        RunFinished(run_id="live"),
+    ]
+
+
 CLI_MAIN = """
 import argparse, sys
 import producers.cli
@@ -361,42 +356,127 @@ sys.exit(args.func(args))
 """
 
 
-@pytest.mark.kafka
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-async def test_cli_follow_stops_gracefully_on_signal(
-    kafka_bootstrap: str,
-    live_topics: tuple[Topics, LiveReader],
-    tmp_path: Path,
-    sig: signal.Signals,
-) -> None:
-    topics, reader = live_topics
-    inputs, rollouts = _two_files(tmp_path, "sig")
-    prefix = topics.inputs.removesuffix(".inputs")
-    argv = f"publish --inputs {inputs} --rollouts {rollouts} --bootstrap {kafka_bootstrap}"
-    argv += f" --topic-prefix {prefix} --run-id sig --follow --quiet"
+@contextlib.asynccontextmanager
+async def publish_child(
+    bootstrap: str, topics: Topics, inputs: Path, rollouts: Path, *extra: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``rewardstream publish --follow`` as a child process, killed if still running after."""
+    argv = ["publish", "--inputs", str(inputs), "--rollouts", str(rollouts)]
+    argv += ["--bootstrap", bootstrap, "--topic-prefix", topics.inputs.removesuffix(".inputs")]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        CLI_MAIN,
-        *argv.split(),
+        *(sys.executable, "-c", CLI_MAIN, *argv, "--follow", "--quiet", *extra),
         cwd=Path(__file__).resolve().parents[1],
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        await reader.until(1)  # it is following now
-        append(rollouts, line(0, 1))
-        await reader.until(2)
-        proc.send_signal(sig)
-        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        yield proc
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def ended(proc: asyncio.subprocess.Process) -> tuple[str, str]:
+    """The child's stdout and stderr once it exits on its own (within 30 s), exit code 0."""
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0, err.decode()
-    assert out.decode().startswith("published run_id=sig inputs=1 rollouts=2 in ")
-    control = [decode_control(r.value) for r in await read_all(kafka_bootstrap, topics.control, 1)]
-    assert [type(e) for e in control] == [RunStarted, RunFinished]
+    return out.decode(), err.decode()
+
+
+@pytest.mark.kafka
+async def test_cli_follow_finishes_when_every_expected_rollout_is_published(
+    kafka_bootstrap: str, live_topics: tuple[Topics, LiveReader], tmp_path: Path
+) -> None:
+    """No idle rule by default: a model slower between completions than any timeout still gets
+    one final profile. A file read again from its start does not count its rollouts twice."""
+    topics, reader = live_topics
+    inputs = inputs_for(tmp_path / "slow_materialized_inputs.jsonl", 2)
+    rollouts = tmp_path / "slow.jsonl"
+    rollouts.write_bytes(line(0, 0) + line(0, 1))
+    async with publish_child(kafka_bootstrap, topics, inputs, rollouts, "--run-id", "slow") as proc:
+        await reader.until(2)
+        await reader.settle(2.0)  # a long pause without a new line (the old test idled 1 s)
+        assert proc.returncode is None
+        assert await control_events(kafka_bootstrap, topics) == [
+            RunStarted(run_id="slow", expected_rollouts=4, output_stem="slow")
+        ]
+        replaced = tmp_path / "slow.jsonl.new"  # rewritten: read again from its start
+        replaced.write_bytes(line(0, 0) + line(0, 1) + line(1, 0))
+        os.replace(replaced, rollouts)
+        assert (await reader.until(5))[2:] == [(0, 0), (0, 1), (1, 0)]
+        await reader.settle(1.0)  # 5 lines sent, 3 of the 4 rollouts
+        assert proc.returncode is None
+        assert len(await control_events(kafka_bootstrap, topics)) == 1
+        append(rollouts, line(1, 1))
+        out, err = await ended(proc)
+    assert out.startswith("published run_id=slow inputs=4 rollouts=6 in "), out
+    assert "left open" not in err
+    assert await reader.until(6) == [(0, 0), (0, 1), (0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [type(e) for e in await control_events(kafka_bootstrap, topics)] == [
+        RunStarted,
+        RunFinished,
+    ]
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(
+    ("sig", "extra"),
+    [(signal.SIGINT, []), (signal.SIGTERM, []), (signal.SIGINT, ["--finish-on-stop"])],
+    ids=["SIGINT", "SIGTERM", "SIGINT-finish-on-stop"],
+)
+async def test_cli_follow_stop_leaves_the_run_open_unless_asked(
+    kafka_bootstrap: str,
+    live_topics: tuple[Topics, LiveReader],
+    tmp_path: Path,
+    sig: signal.Signals,
+    extra: list[str],
+) -> None:
+    topics, reader = live_topics
+    inputs = inputs_for(tmp_path / "sig_materialized_inputs.jsonl", 2)
+    rollouts = tmp_path / "sig.jsonl"
+    rollouts.write_bytes(line(0, 0))
+    async with publish_child(
+        kafka_bootstrap, topics, inputs, rollouts, "--run-id", "sig", *extra
+    ) as proc:
+        await reader.until(1)  # it is following now
+        append(rollouts, line(0, 1))
+        await reader.until(2)
+        proc.send_signal(sig)
+        out, err = await ended(proc)
+    assert out.startswith("published run_id=sig inputs=4 rollouts=2 in "), out
+    control = [type(e) for e in await control_events(kafka_bootstrap, topics)]
+    if extra:
+        assert control == [RunStarted, RunFinished]
+        assert err == ""
+    else:
+        assert control == [RunStarted]
+        [message] = err.splitlines()
+        assert message.startswith("stopped following: run 'sig' was left open"), message
+        assert "without --follow and with --run-id sig" in message
+
+
+@pytest.mark.kafka
+async def test_cli_follow_finish_when_idle(
+    kafka_bootstrap: str, live_topics: tuple[Topics, LiveReader], tmp_path: Path
+) -> None:
+    topics, reader = live_topics
+    inputs = inputs_for(tmp_path / "idle_materialized_inputs.jsonl", 2)
+    rollouts = tmp_path / "idle.jsonl"
+    rollouts.write_bytes(line(0, 0))
+    async with publish_child(
+        kafka_bootstrap, topics, inputs, rollouts, "--finish-when-idle", "1"
+    ) as proc:
+        assert await reader.until(1) == [(0, 0)]
+        seen = time.monotonic()
+        out, _ = await ended(proc)
+        assert 0.5 < time.monotonic() - seen < 10  # idle since its first pass, just before
+    run_id = default_run_id(inputs, "idle")
+    assert out.startswith(f"published run_id={run_id} inputs=4 rollouts=1 in "), out
+    assert [type(e) for e in await control_events(kafka_bootstrap, topics)] == [
+        RunStarted,
+        RunFinished,
+    ]
 
 
 # --------------------------------------------------------------------------- without a broker
@@ -410,6 +490,45 @@ def test_cli_errors_propagate(tmp_path: Path) -> None:
     args = parser.parse_args(argv.split())
     with pytest.raises(InputError, match=r"Input file not found: .*missing\.jsonl' \(--inputs\)"):
         args.func(args)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--follow", "--finish-when-idle", "0"], "must be a number of seconds > 0, got 0.0"),
+        (["--follow", "--idle-timeout", "-1"], "must be a number of seconds > 0, got -1.0"),
+        (["--follow", "--finish-when-idle", "nan"], "must be a number of seconds > 0, got nan"),
+        (["--finish-when-idle", "5"], "only apply with --follow"),
+        (["--finish-on-stop"], "only apply with --follow"),
+    ],
+)
+def test_cli_bad_follow_options_fail_before_anything(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    parser = argparse.ArgumentParser(prog="rewardstream")
+    producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    inputs, rollouts = _two_files(tmp_path, "r")
+    argv = f"publish --inputs {inputs} --rollouts {rollouts} --bootstrap 127.0.0.1:1".split()
+    args = parser.parse_args([*argv, *options])
+    with pytest.raises(InputError, match=message):
+        args.func(args)
+
+
+def test_default_run_id_names_a_collection_not_a_path(tmp_path: Path) -> None:
+    """The same files republished keep their run; a new collection at the same path (the
+    collector writes its materialized inputs anew, atomically) gets a new one."""
+    inputs, rollouts = _two_files(tmp_path, "r")
+    first = default_run_id(inputs, rollouts.stem)
+    assert first.startswith("r-") and len(first) == len("r-") + 8
+    assert rows_of(inputs) and rows_of(rollouts)  # read, as a publish reads them
+    assert default_run_id(inputs, rollouts.stem) == first
+
+    write_rows(inputs, rows_of(inputs))  # the same rows, a second collection
+    rollouts.write_bytes(line(0, 0))
+    second = default_run_id(inputs, rollouts.stem)
+    assert second != first
+    assert default_run_id(inputs, rollouts.stem) == second
+    assert default_run_id(inputs, "a b") == f"a_b-{second[2:]}"  # the stem made valid
 
 
 def _two_files(tmp_path: Path, stem: str) -> tuple[Path, Path]:
@@ -497,16 +616,19 @@ def test_the_wire_carries_the_profilers_record(
     except InvalidRow:
         return  # the publisher fails such a line with this error (test_bad_line_fails_...)
     raw = encode_rollout("run", task, rollout, "agent", record, 1.5)
-    assert decode_rollout(raw) == Rollout("run", task, rollout, "agent", record, 1.5)
-    # the hot-path encoder writes the model's bytes
-    wire = RolloutRecord(
-        names=list(record.names),
-        ints=list(record.is_int),
-        values=list(record.values),
-        info=orjson.loads(record.info),
-        masked=record.masked,
+    event = Rollout(
+        run_id="run", task=task, rollout=rollout, agent="agent", record=record, published_at=1.5
     )
-    model = RolloutEvent(
-        run_id="run", task=task, rollout=rollout, agent="agent", record=wire, published_at=1.5
-    )
-    assert raw == encode(model)
+    assert decode_rollout(raw) == event
+    assert encode(event) == raw
+    # the schema-2 bytes, written out by hand
+    wire = {
+        "names": record.names,
+        "ints": record.is_int,
+        "values": record.values,
+        "info": orjson.Fragment(record.info),
+        "masked": record.masked,
+    }
+    expected = {"v": 2, "run_id": "run", "type": "rollout", "task": task, "rollout": rollout}
+    expected |= {"agent": "agent", "record": wire, "published_at": 1.5}
+    assert raw == orjson.dumps(expected)

@@ -37,7 +37,7 @@ def test_kill_9_mid_run_then_restart(
     processors.append(first)
     send_events(kafka_bootstrap, topics, body[: n_in + 600], "run")
     first.wait(lambda runs: runs.get("run", {}).get("rollouts") == 600)
-    time.sleep(0.5)  # at least one checkpoint covers these
+    time.sleep(0.5)  # at least one offset commit covers these
     send_events(kafka_bootstrap, topics, body[n_in + 600 :], "run")
     first.kill(signal.SIGKILL)  # mid-consumption of the last 400
 

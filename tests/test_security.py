@@ -371,7 +371,7 @@ def test_bad_run_ids_and_stems_are_dead_letters_and_nothing_leaves_the_output_di
     logs = {f"{loaded.topics.inputs.removesuffix('.inputs')}.{s}" for s in ("out", "err")}
     assert set(os.listdir(loaded.root)) == {"data", *logs}
     assert os.listdir(loaded.root / "data") == ["out"]
-    assert set(os.listdir(loaded.out)) == {".checkpoint", "ok"}
+    assert set(os.listdir(loaded.out)) == {".rewardstream-owner.json", "ok"}
     assert not Path(ABS).exists()
 
 

@@ -150,7 +150,7 @@ async def test_a_client_gone_mid_stream_stops_the_children(tmp_path: Path) -> No
     with Pipeline(tmp_path / "proc") as pipeline:
         feed(pipeline, events)
         port = free_port()
-        runner = await serve(make_app(pipeline, None), "127.0.0.1", port)
+        runner, _ = await serve(make_app(pipeline, None), "127.0.0.1", port)
         url = f"http://127.0.0.1:{port}/runs/run/snapshot"
         try:
             before = set(_children())  # other tests' processes may still be going away

@@ -1,0 +1,181 @@
+"""State spread over processors that share nothing but Kafka: snapshot time, and recovery after
+a pod loss, as functions of the run's size.
+
+    python -m bench.spread_bench [--tasks 25000 100000] [--repeats 8] [--runs 3]
+
+For each size, a generated collection (``--tasks`` x ``--repeats``, one rollout per task held
+back so the run stays open) is written to fresh topics with 4 partitions, and two
+``rewardstream stream`` processes of one group, each with its own ``--state-dir``, consume it
+(half the partitions each). Then:
+
+1. ``rewardstream snapshot`` (a separate process, as a user runs it) against the first member,
+   end to end: the peer's parts fetched over HTTP, merged, built, rendered, files written;
+2. the second member is killed (``kill -9``) with its state folder deleted, a third one starts
+   on a fresh folder, and the bench times, from the kill: the replacement's partition
+   assignment (mostly the group's session timeout: the dead member is only evicted then), and
+   the moment the group again holds every rollout (the replacement rebuilt its half by
+   replaying it from Kafka). The rebuild time is the difference, reported per million
+   rollouts rebuilt.
+
+Without ``--bootstrap`` it starts its own broker from the Maven jars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from bench.generate import generate
+from bench.measure import kafka_workspace
+from bench.stream_bench import prefill
+from producers.events import WireEvent, input_events, rollout_events
+from rewardstream.contract import RunStarted, Topics, encode
+from rewardstream.kafka_local import free_port
+
+PARTITIONS = 4
+
+
+class Member:
+    """``rewardstream stream`` as a child process with a state folder of its own."""
+
+    def __init__(self, bootstrap: str, prefix: str, work: Path, name: str) -> None:
+        self.state = work / name
+        self.url = f"http://127.0.0.1:{free_port()}"
+        cmd = [sys.executable, "-m", "rewardstream.cli", "stream", "--bootstrap", bootstrap]
+        cmd += ["--topic-prefix", prefix, "--state-dir", str(self.state)]
+        cmd += ["--http", self.url.removeprefix("http://")]
+        with (work / f"{name}.log").open("wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+
+    def get(self, path: str) -> object:
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as r:
+                return orjson.loads(r.read())
+        except OSError:
+            return None
+
+    def rollouts(self) -> int:
+        """The run's rollouts as this member knows them (its own and its peers' counts)."""
+        runs = self.get("/runs")
+        if not isinstance(runs, list):
+            return 0
+        return next((int(r["rollouts"]) for r in runs if r["run_id"] == "run"), 0)
+
+    def units(self) -> int:
+        health = self.get("/healthz")
+        return len(health.get("units") or ()) if isinstance(health, dict) else 0
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(60)
+
+
+def wait(condition: Callable[[], object], what: str, timeout: float = 600.0) -> float:
+    """Poll ``condition()`` every 50 ms; the time it became true."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic()
+
+
+async def topics_with(bootstrap: str, topics: Topics) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [
+                NewTopic(topics.inputs, PARTITIONS, 1),
+                NewTopic(topics.rollouts, PARTITIONS, 1),
+                NewTopic(topics.control, 1, 1),
+            ]
+        )
+    finally:
+        await admin.close()
+
+
+def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) -> None:
+    work.mkdir(parents=True)
+    generate(tasks, repeats, work / "r", text_bytes=64, seed=0)
+    inputs = list(input_events(work / "r_materialized_inputs.jsonl", "run"))
+    rollouts = list(rollout_events(work / "r.jsonl", "run"))
+    last = {e.key: i for i, e in enumerate(rollouts)}  # each task's last stays out: a partial run
+    kept = [e for i, e in enumerate(rollouts) if last[e.key] != i]
+    del rollouts, last
+    started = RunStarted(run_id="run", expected_rollouts=len(inputs), output_stem="r")
+    prefix = f"spread-{uuid.uuid4().hex[:8]}"
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(topics_with(bootstrap, topics))
+    control = WireEvent("control", b"run", encode(started))
+    asyncio.run(prefill(bootstrap, topics, [*inputs, *kept, control]))
+    n = len(kept)
+    print(f"{tasks:,} tasks x {repeats}: {len(inputs):,} inputs + {n:,} rollouts in 4 partitions")
+    a, b = Member(bootstrap, prefix, work, "a"), Member(bootstrap, prefix, work, "b")
+    try:
+        wait(lambda: a.units() and b.units() and a.units() + b.units() == 2 * PARTITIONS, "split")
+        wait(lambda: a.rollouts() == n, "both members folded their halves")
+        out = work / "snap"
+        cli = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--run-id", "run"]
+        cli += ["--url", a.url, "--out", str(out)]
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
+            times.append(time.perf_counter() - t0)
+        mib = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+        print(
+            f"  snapshot over 2 processors ({mib:.0f} MiB): "
+            + " / ".join(f"{t:.2f}" for t in times)
+            + f" s, median {statistics.median(times):.2f} s"
+        )
+        killed = time.monotonic()
+        b.stop(signal.SIGKILL)
+        shutil.rmtree(b.state, ignore_errors=True)  # the pod's disk goes with it
+        c = Member(bootstrap, prefix, work, "c")
+        try:
+            assigned = wait(lambda: c.units() > 0, "the replacement's assignment")
+            whole = wait(lambda: c.rollouts() == n, "the group holding every rollout again")
+            share = n * c.units() / (2 * PARTITIONS)  # about its half
+            rebuild = whole - assigned
+            print(
+                f"  pod loss: replacement assigned {assigned - killed:.1f} s after the kill, "
+                f"whole again {whole - killed:.1f} s after it; rebuild {rebuild:.1f} s for "
+                f"~{share:,.0f} rollouts (+ as many inputs) = "
+                f"{rebuild / share * 1e6:.1f} s per million rollouts"
+            )
+        finally:
+            c.stop()
+    finally:
+        a.stop()
+        b.stop(signal.SIGKILL)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--tasks", type=int, nargs="+", default=[25_000, 100_000])
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--bootstrap", default=None)
+    a = ap.parse_args()
+    with kafka_workspace(a.bootstrap) as (bootstrap, work):
+        for tasks in a.tasks:
+            one_size(bootstrap, tasks, a.repeats, a.runs, work / f"t{tasks}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""The wire form of a part: how processors hand each other their parts over HTTP.
+
+A part is one JSON header line (format, version, byte order, the sender's identity fields, the
+part's counts and its state's header, :meth:`ProfileState.export_columns`) then raw sections:
+the state's typed columns and ``rollout_infos`` entries and, for an input part, its ``sample``
+rows as spilled (a row's locator is its offset there). Not pickle: decoding runs no code the
+sender chose, and a peer on another rewardstream version is refused in one line rather than
+unpickled into classes that have changed. Columns are in the sender's byte order, which the
+header names (every processor of a deployment shares it; a mismatch is refused, not swapped).
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from processors.runs import Part
+from processors.state import InfoBytes, ProfileState, Section
+from rewardstream.errors import RewardstreamError
+
+__all__ = [
+    "FORMAT",
+    "MEDIA_TYPE",
+    "VERSION",
+    "PartFormatError",
+    "ReceivedPart",
+    "decode_part",
+    "decode_parts",
+    "encode_part",
+    "encode_parts",
+]
+
+FORMAT = "rewardstream.part"
+VERSION = 1
+MEDIA_TYPE = "application/vnd.rewardstream.part.v1"
+
+_LENGTH = struct.Struct(">Q")  # before each part of a several-part body
+_COUNTS = ("inputs", "rollouts", "duplicates")
+_STATE_KEYS = ("names", "schemas", "counts", "sections")  # the state's header
+_RESERVED = frozenset(("format", "v", "byteorder", *_COUNTS, *_STATE_KEYS))
+
+
+class PartFormatError(RewardstreamError):
+    """Received bytes are not a part this processor can merge; the message says why, in one
+    line (an HTTP error body, or a log line of the processor that asked)."""
+
+
+def _chunks(part: Part, identity: Mapping[str, str | int]) -> tuple[int, list[Section]]:
+    """The part's wire form as buffers to join (the live ones: join before the part grows),
+    and its length."""
+    clash = _RESERVED.intersection(identity)
+    if clash:
+        raise ValueError(f"identity fields {sorted(clash)} are names the part header uses")
+    state, spill = part.state, part.spill
+    header, sections = state.export_columns(part.taken_infos())
+    samples = spill.view(spill.size) if spill is not None and state.num_inputs else b""
+    header["sections"].append(["samples", "B", len(samples)])
+    counts = {"inputs": part.inputs, "rollouts": part.rollouts, "duplicates": part.duplicates}
+    first = {"format": FORMAT, "v": VERSION, "byteorder": sys.byteorder, **identity, **counts}
+    line = orjson.dumps(first | header, option=orjson.OPT_APPEND_NEWLINE)
+    size = len(line) + sum(nbytes for _, _, nbytes in header["sections"])
+    return size, [line, *sections, samples]
+
+
+def encode_part(part: Part, identity: Mapping[str, str | int]) -> bytes:
+    """One part as one bytes object: a copy, so the owner's arrays may grow right after
+    (a view of them would make their next ``extend`` raise ``BufferError``).
+
+    ``identity`` (run, unit, position, group...) goes into the header, where the receiver
+    checks the fields it expects (:func:`decode_part`).
+    """
+    return b"".join(_chunks(part, identity)[1])
+
+
+def encode_parts(parts: Iterable[tuple[Part, Mapping[str, str | int]]]) -> bytes:
+    """Several parts in one body (a processor answers for all the units it owns at once),
+    each after its length as 8 bytes big-endian; one copy of everything, as
+    :func:`encode_part`."""
+    body: list[Section] = []
+    for part, identity in parts:
+        size, chunks = _chunks(part, identity)
+        body += [_LENGTH.pack(size), *chunks]
+    return b"".join(body)
+
+
+class ReceivedPart:
+    """A part decoded from a peer's answer: a :class:`processors.runs.PartView`, so
+    :func:`processors.runs.merge_parts` takes it with local parts.
+
+    Its ``sample`` rows and ``rollout_infos`` entries stay where they arrived (read in place:
+    the buffer is immutable bytes, so holding slices of it blocks nothing). ``header`` is the
+    sender's header without the state's own fields: identity fields and counts.
+    """
+
+    def __init__(
+        self, header: dict[str, Any], state: ProfileState, data: bytes, samples: tuple[int, int]
+    ) -> None:
+        self.header, self.state = header, state
+        self._data, self._samples = data, samples
+
+    @property
+    def inputs(self) -> int:
+        return int(self.header["inputs"])
+
+    @property
+    def rollouts(self) -> int:
+        return int(self.header["rollouts"])
+
+    @property
+    def duplicates(self) -> int:
+        return int(self.header["duplicates"])
+
+    def taken_infos(self) -> InfoBytes:
+        return b""  # the state holds every entry (ProfileState.from_columns)
+
+    def sample_reader(self) -> Callable[[int], bytes] | None:
+        """The reader of the part's ``sample`` rows by locator, as :meth:`Part.sample_reader`."""
+        if not self.state.num_inputs:
+            return None
+        data, (lo, hi) = self._data, self._samples
+
+        def line(locator: int) -> bytes:
+            begin = lo + locator
+            end = data.find(b"\n", begin, hi)
+            return data[begin : end if end >= 0 else hi]
+
+        return line
+
+
+def decode_part(data: bytes, expect: Mapping[str, str | int]) -> ReceivedPart:
+    """The part :func:`encode_part` gave ``data`` of. Raises :class:`PartFormatError` unless
+    it is this format and version, in this byte order, consistent, and its header has every
+    field of ``expect`` as given (a part for another run, unit or group is refused)."""
+    return _decode(data, 0, len(data), expect)
+
+
+def decode_parts(data: bytes, expect: Mapping[str, str | int]) -> list[ReceivedPart]:
+    """The parts :func:`encode_parts` gave ``data`` of, each checked as by :func:`decode_part`."""
+    parts: list[ReceivedPart] = []
+    at = 0
+    while at < len(data):
+        start = at + _LENGTH.size
+        size = _LENGTH.unpack_from(data, at)[0] if start <= len(data) else None
+        if size is None or start + size > len(data):
+            left = len(data) - at
+            raise PartFormatError(f"the parts are truncated: part {len(parts)} has {left} bytes")
+        parts.append(_decode(data, start, start + size, expect))
+        at = start + size
+    return parts
+
+
+def _decode(data: bytes, start: int, end: int, expect: Mapping[str, str | int]) -> ReceivedPart:
+    header = _header(data, start, end, expect)
+    table = header.get("sections")
+    if not (
+        isinstance(table, list)
+        and all(
+            isinstance(s, list)
+            and len(s) == 3
+            and isinstance(s[0], str)
+            and isinstance(s[1], str)
+            and type(s[2]) is int
+            and s[2] >= 0
+            for s in table
+        )
+    ):
+        raise PartFormatError("the part's section table is not a list of [name, typecode, bytes]")
+    at = data.index(b"\n", start, end) + 1
+    need = sum(nbytes for _, _, nbytes in table)
+    if need != end - at:
+        what = "truncated" if need > end - at else "oversized"
+        raise PartFormatError(
+            f"the part is {what}: its sections hold {need} bytes, {end - at} came"
+        )
+    spans, views, whole = {}, {}, memoryview(data)
+    for name, typecode, nbytes in table:
+        spans[name] = (at, at + nbytes)
+        try:
+            views[name] = whole[at : at + nbytes].cast(typecode)
+        except (TypeError, ValueError):
+            raise PartFormatError(
+                f"the part's {name!r} section is not whole {typecode!r} values"
+            ) from None
+        at += nbytes
+    if len(spans) != len(table) or "samples" not in spans:
+        raise PartFormatError("the part's sections repeat, or it has no samples section")
+    try:
+        state = ProfileState.from_columns(header, views)
+    except ValueError as exc:
+        raise PartFormatError(f"the part's state is unusable: {exc}") from None
+    lo, hi = spans["samples"]
+    locators = state.column(state.in_locator)
+    if len(locators) and not 0 <= locators.min() <= locators.max() < hi - lo:
+        raise PartFormatError("the part's state is unusable: a row's locator is past its samples")
+    kept = {k: v for k, v in header.items() if k not in _STATE_KEYS}
+    return ReceivedPart(kept, state, data, (lo, hi))
+
+
+def _header(data: bytes, start: int, end: int, expect: Mapping[str, str | int]) -> dict[str, Any]:
+    """The first line, checked for format, version, byte order, counts and identity."""
+    newline = data.find(b"\n", start, end)
+    try:
+        header = orjson.loads(memoryview(data)[start:newline]) if newline >= 0 else None
+    except orjson.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        shown = bytes(data[start : min(end, start + 40)])
+        raise PartFormatError(f"not a {FORMAT} body: it starts {shown!r}")
+    if header.get("v") != VERSION:
+        raise PartFormatError(
+            f"part format v{header.get('v')} is not one this processor reads (v{VERSION}); "
+            "run the same rewardstream version on every processor"
+        )
+    if header.get("byteorder") != sys.byteorder:
+        raise PartFormatError(
+            f"the part's columns are {header.get('byteorder')}-endian, this processor's are "
+            f"{sys.byteorder}-endian"
+        )
+    for key, want in expect.items():
+        if key not in header:
+            raise PartFormatError(f"the part names no {key}, this processor's {key} is {want!r}")
+        if header[key] != want:
+            raise PartFormatError(
+                f"the part is for {key} {header[key]!r}, this processor's {key} is {want!r}"
+            )
+    for key in _COUNTS:
+        if type(header.get(key)) is not int or header[key] < 0:
+            raise PartFormatError(f"the part's header has no {key} count")
+    return header
+
+
+PART_LIST_TYPE = "application/vnd.rewardstream.parts.v1"
+"""A processor's answer to a part request: one JSON line, ``{"units": {unit: position}}`` for
+every unit it owns (a unit with no part of the run still says how far it is consumed), then
+the parts as :func:`encode_parts` writes them, each with its ``unit`` in its identity."""
+
+
+def encode_answer(
+    positions: Mapping[str, int], parts: Iterable[tuple[str, Part, Mapping[str, str | int]]]
+) -> bytes:
+    head = orjson.dumps({"units": dict(positions)}, option=orjson.OPT_APPEND_NEWLINE)
+    body = encode_parts((part, {**identity, "unit": unit}) for unit, part, identity in parts)
+    return head + body
+
+
+def decode_answer(
+    data: bytes, expect: Mapping[str, str | int]
+) -> tuple[dict[str, int], dict[str, ReceivedPart]]:
+    """The positions and the parts (by unit) of an :func:`encode_answer` body."""
+    end = data.find(b"\n")
+    try:
+        head = orjson.loads(data[:end]) if end >= 0 else None
+    except orjson.JSONDecodeError:
+        head = None
+    units = head.get("units") if isinstance(head, dict) else None
+    if not isinstance(units, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in units.items()
+    ):
+        raise PartFormatError(f"not a {FORMAT} answer: it starts {data[:40]!r}")
+    parts = decode_parts(data[end + 1 :], expect)
+    return units, {str(p.header["unit"]): p for p in parts}

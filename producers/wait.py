@@ -1,0 +1,41 @@
+"""Waiting for a streamed run's final profile, for the producers that ended the run.
+
+``rewardstream publish --wait-profile`` and ``ng_collect_rollouts +kafka_wait_profile=true``
+write the processors' final files next to the rollouts file, where ``ng_reward_profile`` would
+put them: a NeMo Gym user finds the same files in the same place, already computed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rewardstream.contract import Topics
+from rewardstream.engine_contract import EngineTopics
+from rewardstream.kafka_config import KafkaSecurity
+from sinks.files import ProfilePaths
+from sinks.profiles import fetch_profile
+
+__all__ = ["wait_profile"]
+
+
+async def wait_profile(
+    bootstrap: str,
+    topics: Topics,
+    group: str | None,
+    run_id: str,
+    out: Path,
+    timeout: float,
+    security: KafkaSecurity | None = None,
+) -> ProfilePaths:
+    """The run's final profile, written into ``out`` (group default: ``<prefix>-profiler``)."""
+    prefix = topics.control.removesuffix(".control")
+    return await fetch_profile(
+        bootstrap,
+        security or KafkaSecurity.from_env(),
+        EngineTopics.of(topics),
+        prefix,
+        group or f"{prefix}-profiler",
+        run_id,
+        out,
+        timeout,
+    )

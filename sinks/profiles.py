@@ -1,0 +1,232 @@
+"""Final profiles in Kafka: written once per run, in a transaction; read back from any host.
+
+A run's final files go to ``<prefix>.profiles`` as zlib-compressed chunks, and its
+:class:`~rewardstream.engine_contract.FinalRecord` to ``<prefix>.finals``, in one transaction
+whose id is the run's (``rewardstream-final.<group>.<run_id>``). Starting a producer with that
+id fences any earlier one (a leader paused past its session timeout, then resumed: its
+transaction is aborted and its later sends fail), and the new one reads the finals topic
+before writing: so whatever processors die, pause or join, a run has exactly one final record,
+and readers (``read_committed``) never see the chunks of an aborted attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from rewardstream.engine_contract import (
+    CHUNK_BYTES,
+    EngineTopics,
+    FileRef,
+    FinalRecord,
+    ForeignState,
+    decode_final,
+    encode_record,
+    final_key,
+)
+from rewardstream.errors import InputError
+from rewardstream.kafka_config import KafkaSecurity, start_client
+from sinks.files import ProfilePaths, write_files
+
+__all__ = ["ensure_topics", "fetch_profile", "list_finals", "publish_final", "read_finals"]
+
+_COMPACT = {"cleanup.policy": "compact"}
+
+
+async def ensure_topics(bootstrap: str, security: KafkaSecurity, topics: EngineTopics) -> None:
+    """Create the engine's topics (one partition each, compacted) unless they exist; their
+    replication is the broker's default (three on a three-broker ``kafka start``)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
+    await start_client(admin, bootstrap, security)
+    try:
+        existing = set(await admin.list_topics())
+        brokers = len((await admin.describe_cluster())["brokers"])
+        wanted = [
+            NewTopic(name, 1, min(3, brokers), topic_configs=_COMPACT)
+            for name in (topics.members, topics.finals, topics.profiles)
+            if name not in existing
+        ]
+        if wanted:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another processor was first
+                await admin.create_topics(wanted)
+    finally:
+        await admin.close()
+
+
+def _consumer(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        **security.client_kwargs(),
+    )
+
+
+async def read_finals(
+    consumer: AIOKafkaConsumer, topic: str, prefix: str, group: str | None
+) -> AsyncIterator[FinalRecord]:
+    """Every final record of ``group`` (every group: None) from the start of the topic to its
+    committed end as it is now; ``consumer`` must be started and unassigned."""
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    await consumer.seek_to_beginning(tp)
+    end = (await consumer.end_offsets([tp]))[tp]
+    while await consumer.position(tp) < end:
+        batch = await consumer.getmany(tp, timeout_ms=500)
+        for record in batch.get(tp, []):
+            if record.value is None:
+                continue
+            final = decode_final(record.value, prefix)
+            if group is None or final.group == group:
+                yield final
+
+
+async def publish_final(
+    bootstrap: str,
+    security: KafkaSecurity,
+    topics: EngineTopics,
+    record: FinalRecord,
+    files: Sequence[Path],
+) -> FinalRecord:
+    """Write the run's final record (with ``files``' chunks when it is ``final``) unless the
+    run has one already; returns the record that stands. Raises when this producer is fenced
+    by a newer one (aiokafka's ``ProducerFenced``): that one finishes the run."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        transactional_id=f"rewardstream-final.{record.group}.{record.run_id}",
+        enable_idempotence=True,
+        max_request_size=2 * CHUNK_BYTES,
+        **security.client_kwargs(),
+    )
+    await start_client(producer, bootstrap, security)  # fences earlier producers of this run
+    try:
+        reader = _consumer(bootstrap, security)
+        await start_client(reader, bootstrap, security)
+        try:
+            async for final in read_finals(reader, topics.finals, record.prefix, record.group):
+                if final.run_id == record.run_id:
+                    return final
+        finally:
+            await reader.stop()
+        refs = []
+        async with producer.transaction():
+            sent = []
+            for index, path in enumerate(files):
+                digest, size, chunks = hashlib.sha256(), 0, 0
+                with open(path, "rb") as fh:
+                    while block := fh.read(CHUNK_BYTES):
+                        digest.update(block)
+                        size += len(block)
+                        key = f"{record.group}/{record.run_id}/{index}/{chunks}".encode()
+                        sent.append(
+                            await producer.send(topics.profiles, zlib.compress(block, 1), key=key)
+                        )
+                        chunks += 1
+                refs.append(
+                    FileRef(name=path.name, size=size, sha256=digest.hexdigest(), chunks=chunks)
+                )
+            first = min((m.offset for m in await asyncio.gather(*sent)), default=0)
+            record = record.model_copy(
+                update={"files": refs, "chunks_from": first, "at": time.time()}
+            )
+            await producer.send(
+                topics.finals,
+                encode_record(record),
+                key=final_key(record.group, record.run_id),
+            )
+        return record
+    finally:
+        await producer.stop()
+
+
+async def list_finals(
+    bootstrap: str, security: KafkaSecurity, topics: EngineTopics, prefix: str, group: str | None
+) -> dict[tuple[str, str], FinalRecord]:
+    """The standing final record of every run, by (group, run id)."""
+    reader = _consumer(bootstrap, security)
+    await start_client(reader, bootstrap, security)
+    try:
+        out: dict[tuple[str, str], FinalRecord] = {}
+        async for final in read_finals(reader, topics.finals, prefix, group):
+            out.setdefault((final.group, final.run_id), final)  # the first one stands
+        return out
+    finally:
+        await reader.stop()
+
+
+async def fetch_profile(
+    bootstrap: str,
+    security: KafkaSecurity,
+    topics: EngineTopics,
+    prefix: str,
+    group: str,
+    run_id: str,
+    out: Path,
+    timeout: float,
+) -> ProfilePaths:
+    """Wait up to ``timeout`` seconds for the run's final profile and write its three files
+    into ``out`` atomically (all or none); raises :class:`InputError` when it does not come,
+    or when the run was evicted unfinished."""
+    deadline = time.monotonic() + timeout
+    while True:
+        finals = await list_finals(bootstrap, security, topics, prefix, group)
+        final = finals.get((group, run_id))
+        if final is not None:
+            break
+        if time.monotonic() >= deadline:
+            raise InputError(
+                f"no final profile of run {run_id!r} (group {group!r}) within {timeout:g}s"
+            )
+        await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    if final.state == "evicted":
+        raise InputError(f"run {run_id!r} was evicted unfinished: it has no final profile")
+    contents = await _read_files(bootstrap, security, topics, final)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = ProfilePaths.next_to(out / f"{final.stem}.jsonl")
+    by_name = dict(zip([f.name for f in final.files], contents, strict=True))
+    write_files([(path, [by_name[path.name]]) for path in paths])
+    return paths
+
+
+async def _read_files(
+    bootstrap: str, security: KafkaSecurity, topics: EngineTopics, final: FinalRecord
+) -> list[bytes]:
+    """The final's files, from their chunks (checked against their size and digest)."""
+    prefix = f"{final.group}/{final.run_id}/".encode()
+    want = {(i, c) for i, f in enumerate(final.files) for c in range(f.chunks)}
+    chunks: dict[tuple[int, int], bytes] = {}
+    reader = _consumer(bootstrap, security)
+    await start_client(reader, bootstrap, security)
+    try:
+        tp = TopicPartition(topics.profiles, 0)
+        reader.assign([tp])
+        reader.seek(tp, final.chunks_from)
+        end = (await reader.end_offsets([tp]))[tp]
+        while len(chunks) < len(want) and await reader.position(tp) < end:
+            for record in (await reader.getmany(tp, timeout_ms=500)).get(tp, []):
+                key = record.key or b""
+                if key.startswith(prefix) and record.value is not None:
+                    index, chunk = map(int, key[len(prefix) :].split(b"/"))
+                    chunks[(index, chunk)] = zlib.decompress(record.value)
+    finally:
+        await reader.stop()
+    if len(chunks) < len(want):
+        raise ForeignState(f"run {final.run_id!r}: the profiles topic lacks chunks of its final")
+    files = []
+    for index, ref in enumerate(final.files):
+        data = b"".join(chunks[(index, c)] for c in range(ref.chunks))
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise ForeignState(f"run {final.run_id!r}: {ref.name} in Kafka fails its digest")
+        files.append(data)
+    return files
