@@ -135,7 +135,9 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
         times = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
+            done = subprocess.run(cli, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            if done.returncode:
+                raise SystemExit(f"snapshot failed: {done.stderr.decode().strip()}")
             times.append(time.perf_counter() - t0)
         mib = sum(f.stat().st_size for f in out.iterdir()) / 2**20
         print(

@@ -194,9 +194,9 @@ class StreamProcessor:
             await start_client(control, self.bootstrap, self.security)
             stack.push_async_callback(control.stop)
             members = self._reader()
-            members.subscribe([self.engine_topics.members])
             await start_client(members, self.bootstrap, self.security)
             stack.push_async_callback(members.stop)
+            await self._read_members(members)  # a state it must refuse stops it before it writes
             data = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
                 group_id=self.group_id,
@@ -427,23 +427,38 @@ class StreamProcessor:
 
     async def _leave(self, producer: AIOKafkaProducer) -> None:
         """A tombstone for this member's record: peers stop asking it for parts."""
-        with contextlib.suppress(KafkaError):
-            await producer.send_and_wait(self.engine_topics.members, None, key=self.member.encode())
+        if self.member in self._members:  # it announced itself
+            with contextlib.suppress(KafkaError):
+                await producer.send_and_wait(
+                    self.engine_topics.members, None, key=self.member.encode()
+                )
+
+    async def _read_members(self, consumer: AIOKafkaConsumer) -> None:
+        """Assign the members topic and read it to its end as it is now."""
+        tp = TopicPartition(self.engine_topics.members, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        while await consumer.position(tp) < end:
+            self._heard(await consumer.getmany(tp, timeout_ms=500))
 
     async def _tail_members(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                for record in records:
-                    member = (record.key or b"").decode()
-                    if record.value is None:
-                        self._members.pop(member, None)
-                        continue
-                    decoded = decode_member(record.value, self.prefix)
-                    if decoded.group == self.group_id:
-                        self._members[member] = decoded
-            if batch:
-                self._update_owners()
+            self._heard(await consumer.getmany(timeout_ms=200))
+
+    def _heard(self, batch: Batch) -> None:
+        """Member records of this group (raises :class:`ForeignState` on one to refuse)."""
+        for records in batch.values():
+            for record in records:
+                member = (record.key or b"").decode()
+                if record.value is None:
+                    self._members.pop(member, None)
+                    continue
+                decoded = decode_member(record.value, self.prefix)
+                if decoded.group == self.group_id:
+                    self._members[member] = decoded
+        if batch:
+            self._update_owners()
 
     def _update_owners(self) -> None:
         """Each unit's owner: the member that claims it in the newest generation (a member
