@@ -56,6 +56,22 @@ prints, this run's events kept, rollouts deduplicated by (task, rollout), first 
 mapped back to its line of the collection's files; a snapshot of a run already final must
 equal the final profile.
 
+Processors share nothing but Kafka: the run's final profile is the one in Kafka
+(``<prefix>.finals`` and ``<prefix>.profiles``, fetched with ``rewardstream profiles get``, per
+group), checked byte for byte against the batch one, with exactly one final record of the run
+per group (and so is the copy the processor that wrote it mirrors into its
+``--output-dir/<run_id>/``, read through ``/proc/<pid>/root``, when it was not killed before it
+could or since). Lost and double-counted rollouts are counted three ways: per task from the
+final profile's ``num_rollouts``, from the processors' ``/runs`` counters, and from an audit of
+the final record against the collection (its inputs and rollouts, in all and per unit, each
+held once, and every offset of a unit before the record's cut counted once: as new or as a
+duplicate). Events read after the final are dead letters (``run-final``); any other reason is
+a finding. Recovery time: from the restart of the killed component (for ``zombie`` and
+``pause-member`` the stop, for ``scale`` each step, for ``broker-kill`` the kill) until the
+processors have consumed the log as far as it reached then (or, for the last restart of a
+``kill-processor`` trial, which comes after the collection ended, until the final profile is
+written; for ``publisher-rerun``, until the run grows past what it held at the kill).
+
 One JSON line per trial on stdout, then a summary table (also written to ``--summary``).
 Every child process is killed when its trial ends, whatever happened (the publisher by process
 group: it forks encoders); the broker is stopped on exit, Ctrl-C and SIGTERM included.

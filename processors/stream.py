@@ -278,34 +278,40 @@ class StreamProcessor:
         return out
 
     # -- offsets ------------------------------------------------------------------------------
-    async def commit(self, names: set[str] | None = None) -> None:
-        """Commit, for each owned unit consumed since its last commit, where its state can be
-        rebuilt from; not while rejected events wait to be parked (a restart must meet them
-        again). A processor that lost its partitions meanwhile (a zombie) is refused by the
-        group coordinator: nothing of it is rolled back."""
+    async def commit(self, names: set[str] | None = None, force: bool = False) -> bool | None:
+        """Commit, for each owned unit consumed since its last commit (``force``: each named
+        one that has a position), where its state can be rebuilt from; not while rejected
+        events wait to be parked (a restart must meet them again): then None. False when the
+        group coordinator refused it: this processor lost its partitions meanwhile (a zombie,
+        paused past its session timeout), and nothing of it is rolled back."""
         consumer = self._data
         if consumer is None or self._rejected or self._parking or self._late:
-            return
-        todo = self._moved if names is None else self._moved & names
+            return None
+        if force and names is not None:
+            todo = {
+                n for n in names if n in self.pipeline.units and self.pipeline.units[n].position
+            }
+        else:
+            todo = self._moved if names is None else self._moved & names
         offsets = {}
         for name in todo:
-            unit = self.pipeline.units.get(name)
-            if unit is not None:
-                meta = orjson.dumps({"v": COMMIT_FORMAT, "position": unit.position}).decode()
-                kind, _, partition = name.rpartition("-")
-                topic = self.topics.inputs if kind == "input" else self.topics.rollouts
-                offsets[TopicPartition(topic, int(partition))] = (
-                    self.pipeline.replay_start(name),
-                    meta,
-                )
+            unit = self.pipeline.units[name]
+            meta = orjson.dumps({"v": COMMIT_FORMAT, "position": unit.position}).decode()
+            offsets[self._tp(name)] = (self.pipeline.replay_start(name), meta)
         if not offsets:
-            return
+            return None
         try:
             await consumer.commit(offsets)
         except (CommitFailedError, KafkaError) as exc:
             log.warning("offsets not committed (%s): the group has moved on", exc)
-            return
+            return False
         self._moved -= todo
+        return True
+
+    def _tp(self, name: str) -> TopicPartition:
+        kind, _, partition = name.rpartition("-")
+        topic = self.topics.inputs if kind == "input" else self.topics.rollouts
+        return TopicPartition(topic, int(partition))
 
     # -- dead letters -------------------------------------------------------------------------
     def _reject(self, rejected: Rejected) -> None:
@@ -563,9 +569,7 @@ class StreamProcessor:
     async def _park_late(self, late: Late) -> None:
         """Read a unit again from the final's cut to where it was, and reject every event of
         the run found there: they came too late for the final, and none is dropped silently."""
-        kind, _, partition = late.unit.rpartition("-")
-        topic = self.topics.inputs if kind == "input" else self.topics.rollouts
-        tp = TopicPartition(topic, int(partition))
+        tp = self._tp(late.unit)
         reader = self._reader()
         found = 0
         try:
@@ -579,7 +583,7 @@ class StreamProcessor:
                     if _run_of(record.value or b"") == late.run_id:
                         self._at = record
                         self.pipeline.reject_late(
-                            self._kinds[topic], record.value or b"", late.run_id
+                            self._kinds[tp.topic], record.value or b"", late.run_id
                         )
                         found += 1
         finally:
@@ -835,9 +839,7 @@ class StreamProcessor:
             self._unplaced.discard(name)
             if unit is None:
                 continue
-            kind, _, partition = name.rpartition("-")
-            topic = self.topics.inputs if kind == "input" else self.topics.rollouts
-            committed = await consumer.committed(TopicPartition(topic, int(partition)))
+            committed = await consumer.committed(self._tp(name))
             if committed is not None and committed > unit.position:
                 unit.position = committed
                 self._changed = True
@@ -915,7 +917,18 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         processor = self.processor
         processor._generation += 1
-        await processor.commit({processor.unit_name(tp) for tp in revoked})
+        names = {processor.unit_name(tp) for tp in revoked}
+        if await processor.commit(names, force=True) is False:
+            # fenced: others may have consumed these partitions meanwhile, so this state of
+            # them is stale; whatever comes back is rebuilt from what the group committed
+            log.warning(
+                "lost partitions %s while stopped past the session timeout: their state here "
+                "is dropped and rebuilt from Kafka if they come back",
+                sorted(names),
+            )
+            for name in names:
+                processor.pipeline.release(name)
+                processor._moved.discard(name)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         processor, pipeline = self.processor, self.processor.pipeline
