@@ -9,8 +9,9 @@ Generates a collection (bench/generate.py) and writes its events to fresh topics
    is written (consume + decode + dedupe + fold + final build and write);
 2. **rollouts**: the production shape, where a collection's inputs arrive before its rollouts:
    a processor on topics holding both consumes the inputs with the rollouts partition paused,
-   then is timed from its resumption until it has folded the last rollout (before the final
-   profile; its write is reported on its own).
+   then is timed from the first slice it folds after the resumption (the resumed fetch's own
+   latency left out) until it has folded the last rollout (before the final profile; its
+   write is reported on its own).
 
 Without ``--bootstrap`` it starts its own broker from the Maven jars.
 """
@@ -101,9 +102,11 @@ async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
     runs = processor.pipeline.runs
     while not ("run" in runs and runs["run"].inputs == len(inputs)):
         await asyncio.sleep(0.002)
-    early = runs["run"].local_rollouts  # fetched before the pause took: not timed
-    first, cpu = time.monotonic(), time.process_time()
     data.resume(*held)
+    early = runs["run"].local_rollouts  # fetched before the pause took
+    while runs["run"].local_rollouts == early:  # timed from the first fold after the resume
+        await asyncio.sleep(0.0005)
+    early, first, cpu = runs["run"].local_rollouts, time.monotonic(), time.process_time()
     while runs["run"].local_rollouts < n:
         await asyncio.sleep(0.002)
     seconds, cpu = time.monotonic() - first, time.process_time() - cpu
