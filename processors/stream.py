@@ -149,6 +149,7 @@ class StreamProcessor:
         self._owners: dict[str, MemberRecord] = {}  # unit -> the member that owns it
         self._moved: set[str] = set()  # units consumed since their last commit
         self._unplaced: set[str] = set()  # new units whose committed offset is not read yet
+        self._floor: dict[str, int] = {}  # unit -> the position its last owner committed
         self._late = 0  # units being read again for late events to park: no commit meanwhile
         self._finishing: set[str] = set()  # runs whose final is being written
         self._changed = True  # something a member record says changed since the last one
@@ -174,7 +175,6 @@ class StreamProcessor:
             shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
             self.url = self.advertise or f"http://{_url_host(shown)}:{bound}"
             log.info("serving snapshots, parts and metrics on http://%s:%d", _url_host(host), bound)
-            self._claim_output_dir()
             await ensure_topics(self.bootstrap, self.security, self.engine_topics)
             self._session = aiohttp.ClientSession(timeout=_PART_TIMEOUT)
             stack.push_async_callback(self._session.close)
@@ -197,6 +197,7 @@ class StreamProcessor:
             await start_client(members, self.bootstrap, self.security)
             stack.push_async_callback(members.stop)
             await self._read_members(members)  # a state it must refuse stops it before it writes
+            self._claim_output_dir()
             data = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
                 group_id=self.group_id,
@@ -831,17 +832,22 @@ class StreamProcessor:
     async def _place(self) -> None:
         """A new unit is consumed from its committed offset: everything before it belongs to
         runs that are closed, so that is its position until a record moves it (a partition
-        with no new record must not look unconsumed to a finished run's end offsets)."""
+        with no new record must not look unconsumed to a finished run's end offsets). The
+        position its last owner had reached (the commit's metadata) is its *floor*: until the
+        replay gets there, the unit commits nothing, so the group's position never goes back."""
         consumer = self._data
         assert consumer is not None
-        for name in list(self._unplaced):
-            unit = self.pipeline.units.get(name)
-            self._unplaced.discard(name)
-            if unit is None:
+        names = [n for n in self._unplaced if n in self.pipeline.units]
+        self._unplaced.clear()
+        coordinator = consumer._coordinator
+        committed = await coordinator.fetch_committed_offsets([self._tp(n) for n in names])
+        for name in names:
+            unit, got = self.pipeline.units.get(name), committed.get(self._tp(name))
+            if unit is None or got is None or got.offset < 0:
                 continue
-            committed = await consumer.committed(self._tp(name))
-            if committed is not None and committed > unit.position:
-                unit.position = committed
+            self._floor[name] = _committed_position(got.metadata, got.offset)
+            if got.offset > unit.position:
+                unit.position = got.offset
                 self._changed = True
 
     async def _apply(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
@@ -867,6 +873,17 @@ class StreamProcessor:
             self._moved.add(name)
             self._changed = True
             await asyncio.sleep(0)
+
+
+def _committed_position(metadata: str, offset: int) -> int:
+    """The position in a commit's metadata (see :meth:`StreamProcessor.commit`); the offset
+    itself for a commit without one (another tool's)."""
+    try:
+        meta = orjson.loads(metadata or "{}")
+    except orjson.JSONDecodeError:
+        return offset
+    position = meta.get("position") if isinstance(meta, dict) else None
+    return position if type(position) is int and position >= offset else offset
 
 
 def _blocks(path: Path) -> Iterator[bytes]:

@@ -52,18 +52,13 @@ def test_broker_trials(tmp_path: Path, fault: str, seed: int) -> None:
 
 def test_older_format_trial(kafka_bootstrap: str, tmp_path: Path) -> None:
     """A processor meeting a member record of a newer format refuses with exit 2 and one
-    line, commits nothing and writes no final, while the other prefix's group is unharmed."""
+    line, writing nothing to Kafka, while the other prefix's group is unharmed."""
     result = run_trial("older-format", 0, kafka_bootstrap, tmp_path / "trial", FAST)
     older = result.detail["older"]
     assert older["exit"] == 2
     assert len(older["error_lines"]) == 1
     assert "format version 2" in older["error_lines"][0]
     assert older["committed"] == 0
-    assert older["files"] in ([], ["out/.rewardstream-owner.json"])
-    records = older["records"]
-    assert sum(n for topic, n in records.items() if not topic.endswith(".members")) == 0
-    assert result.lost == 0 and result.double_counted == 0 and result.equal_to_batch
-    engine = [e for e in result.detail.get("errors", ()) if "refusing processor wrote" in e]
-    assert result.detail.get("errors", []) == engine, result.line()
-    if engine:  # RELIABILITY.md: it joins the group and writes to <prefix>.members first
-        pytest.xfail(f"engine finding, not fixed here: {engine[0][:200]}")
+    assert older["files"] in ([], ["out/.rewardstream-owner.json"])  # its --output-dir claim
+    assert sum(older["records"].values()) == 1  # the planted record only
+    assert result.ok, result.line()
