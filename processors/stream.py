@@ -294,6 +294,12 @@ class StreamProcessor:
             }
         else:
             todo = self._moved if names is None else self._moved & names
+        units, floor = self.pipeline.units, self._floor  # see _place: never below the group's
+        todo = {
+            n
+            for n in todo
+            if n in units and n not in self._unplaced and units[n].position >= floor.get(n, 0)
+        }
         offsets = {}
         for name in todo:
             unit = self.pipeline.units[name]
@@ -809,7 +815,7 @@ class StreamProcessor:
             if self._unplaced:
                 await self._place()
             for tp, records in batch.items():
-                await self._apply(tp, records)
+                await self._apply(tp, records, generation)
             if self._rejected:
                 await self._dead_letters(producer)
             for run in list(self.pipeline.runs.values()):
@@ -850,13 +856,17 @@ class StreamProcessor:
                 unit.position = got.offset
                 self._changed = True
 
-    async def _apply(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
+    async def _apply(
+        self, tp: TopicPartition, records: list[ConsumerRecord], generation: int
+    ) -> None:
         """Apply one partition's records, a slice at a time: between slices the fetcher (and a
-        rebalance) may run; a unit revoked meanwhile is left, from the record it stopped at."""
+        rebalance) may run. After a rebalance (``generation`` moved) the rest is stale: the
+        unit may be gone, or be a new one to rebuild from its committed offset, which records
+        from the middle of the log must not reach."""
         name, kind = self.unit_name(tp), self._kinds[tp.topic]
         for start in range(0, len(records), _SLICE):
             unit = self.pipeline.units.get(name)
-            if unit is None:
+            if unit is None or generation != self._generation:
                 return
             part = records[start : start + _SLICE]
             runs = None
