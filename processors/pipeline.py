@@ -336,6 +336,8 @@ class Pipeline:
             run = self.run(run_id)
             part = run.parts[unit_name] = unit.part(run_id)
             part.first_offset = unit.position if offset is None else offset
+        elif offset is not None and offset < part.first_offset:  # a replay start must cover it
+            part.first_offset = offset
         return part
 
     # -- lifecycle ----------------------------------------------------------------------------
