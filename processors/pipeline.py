@@ -362,8 +362,7 @@ class Pipeline:
         run = self.run(run_id)
         if run.terminal is not None:
             return []
-        run.terminal, run.done = terminal, True
-        run.written = Counts(terminal.inputs, terminal.rollouts)
+        run.terminal = terminal
         late = []
         for name, part in run.parts.items():
             held = terminal.units.get(name, _NO_COUNTS)

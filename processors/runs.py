@@ -4,8 +4,8 @@ Framework-free: the Kafka processor and the in-process pipeline both feed decode
 
 - A :class:`Unit` is one partition of the inputs or rollouts topic: the next offset to consume
   and a :class:`Part` per run. Units are what moves between processors of one consumer group
-  (each is checkpointed on its own, :mod:`processors.checkpoint`), so a part's key set is all
-  the deduplication a run needs: every event of a task is keyed to the same partition.
+  (each rebuilt from Kafka by its new owner, :mod:`processors.stream`), so a part's key set is
+  all the deduplication a run needs: every event of a task is keyed to the same partition.
 - A :class:`Part` is one unit's share of one run: a :class:`ProfileState` with the events
   applied once, and for input parts a spill file of ``sample`` rows on disk (the state keeps
   only their offsets), so memory stays with the numbers.
@@ -14,10 +14,10 @@ Framework-free: the Kafka processor and the in-process pipeline both feed decode
 
 Once a run's final profile is written, its parts are *retired* (:meth:`Part.retire`): state,
 key set and spill file are dropped and a :class:`Final` tombstone keeps its counts, so a
-long-lived processor holds only the runs still being collected. Every later event of a retired
-part is counted as a duplicate (redelivered, republished or late: none may change the written
-profile), which needs no key set: ~15 B per rollout of every done run, kept forever, would be
-the very growth this avoids.
+long-lived processor holds only the runs still being collected. Later events of the run never
+reach a retired part (:meth:`processors.pipeline.Pipeline.handle` skips or rejects them), so it
+needs no key set: ~15 B per rollout of every done run, kept forever, would be the very growth
+this avoids.
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ class _EveryKey:
 
 
 class PartCounts(NamedTuple):
-    """What a run's final profile holds of one unit: counted events and completed tasks (the
-    final mark records them per unit, see :meth:`Part.retire`)."""
+    """What a run's final profile holds of one unit: counted events and completed tasks (its
+    final record keeps them per unit)."""
 
     inputs: int
     rollouts: int
@@ -158,7 +158,7 @@ class PartCounts(NamedTuple):
 
 class Final(NamedTuple):
     """What a part keeps once its run's final profile is written: its counts (``/runs``,
-    manifests, completion), the tasks it completed and its live moments (metrics)."""
+    member records, completion), the tasks it completed and its live moments (metrics)."""
 
     inputs: int
     rollouts: int
@@ -328,9 +328,7 @@ class Run:
         # after "finished": unit -> log end offset it must be consumed to before a partial final;
         # None while the transport does not know every partition's end yet
         self.finish_at: dict[str, int] | None = {}
-        self.done = False  # the final profile was written (here or by another processor)
         self.terminal: Done | None = None  # its final (or evicted) record, once known
-        self.written: Counts | None = None  # the counts it was written with, once done
         self.replays = 0  # events read again after a restart that its final profile holds
         self.seen = time.monotonic()  # when this process last heard of the run
         self.error: str | None = None
@@ -342,17 +340,23 @@ class Run:
         return self.started.expected_rollouts if self.started else None
 
     @property
+    def done(self) -> bool:
+        """The run has its terminal record (final, written here or by another processor; or
+        evicted)."""
+        return self.terminal is not None
+
+    @property
     def rollouts(self) -> int:
-        """Distinct rollouts consumed, by this process and (as last checkpointed) its peers;
-        once the final profile is written, the rollouts it holds."""
-        if self.written is not None:
-            return self.written.rollouts
+        """Distinct rollouts consumed, by this process and (as last heard) its peers; once the
+        run is done, the rollouts its record holds."""
+        if self.terminal is not None:
+            return self.terminal.rollouts
         return self.local_rollouts + sum(c.rollouts for c in self.foreign.values())
 
     @property
     def inputs(self) -> int:
-        if self.written is not None:
-            return self.written.inputs
+        if self.terminal is not None:
+            return self.terminal.inputs
         return sum(p.inputs for p in self.parts.values()) + sum(
             c.inputs for c in self.foreign.values()
         )
