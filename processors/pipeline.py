@@ -283,9 +283,10 @@ class Pipeline:
         return True
 
     def handle_rollouts(
-        self, raws: Sequence[bytes], unit: str, offsets: Sequence[int] | None = None
+        self, raws: Sequence[bytes], unit: str, first: int | None = None
     ) -> list[Run] | None:
-        """Apply a batch of rollout events from ``unit`` (at ``offsets``), in order: the Kafka
+        """Apply a batch of rollout events from ``unit`` (the first at offset ``first``; a part
+        starts at the batch's first offset, which a replay start may take), in order: the Kafka
         processor's hot path (about half the cost per event of :meth:`handle`). Returns the runs
         touched, or None, having applied nothing, when any event needs :meth:`handle`'s
         one-by-one path (one that is rejected, or whose ``info`` is not written as orjson
@@ -300,7 +301,7 @@ class Pipeline:
         runs = self.runs
         if any((r := runs.get(run_id)) is not None and r.terminal for run_id in by_run):
             return None
-        return self._fold(unit, by_run, offsets[0] if offsets else None)
+        return self._fold(unit, by_run, first)
 
     def _fold(self, unit: str, by_run: dict[str, list[Rollout]], first: int | None) -> list[Run]:
         """Add decoded rollouts, by run, to their runs' parts (dropping those seen before)."""

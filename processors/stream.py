@@ -872,7 +872,7 @@ class StreamProcessor:
             runs = None
             if kind == "rollout":
                 runs = self.pipeline.handle_rollouts(
-                    [r.value or b"" for r in part], name, [r.offset for r in part]
+                    [r.value or b"" for r in part], name, part[0].offset
                 )
             if runs is None:  # inputs, or a slice with an event to reject (named by self._at)
                 for record in part:
