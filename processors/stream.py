@@ -61,7 +61,6 @@ from rewardstream.engine_contract import (
     MemberRecord,
     UnitFinal,
     UnitProgress,
-    decode_final,
     decode_member,
     encode_record,
 )
@@ -69,7 +68,15 @@ from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from sinks.files import ProfilePaths, write_files, write_profile
 from sinks.metrics import Metrics
-from sinks.profiles import ensure_topics, fetch_profile, publish_final, read_finals
+from sinks.profiles import (
+    ensure_topics,
+    fetch_profile,
+    finals_of,
+    publish_final,
+    read_finals,
+    read_to_end,
+    reader,
+)
 
 __all__ = ["MAX_EVENT_BYTES", "StreamProcessor"]
 
@@ -184,19 +191,20 @@ class StreamProcessor:
             )
             await start_client(producer, self.bootstrap, self.security)
             stack.push_async_callback(producer.stop)
-            finals = self._reader()
+            finals = reader(self.bootstrap, self.security)
             await start_client(finals, self.bootstrap, self.security)
             stack.push_async_callback(finals.stop)
             async for record in read_finals(finals, self.engine_topics.finals, self.prefix, None):
                 self._final(record)  # every run already finished is known before any data
-            control = self._reader()
+            control = reader(self.bootstrap, self.security)
             control.subscribe([self.topics.control])
             await start_client(control, self.bootstrap, self.security)
             stack.push_async_callback(control.stop)
-            members = self._reader()
+            members = reader(self.bootstrap, self.security)
             await start_client(members, self.bootstrap, self.security)
             stack.push_async_callback(members.stop)
-            await self._read_members(members)  # a state it must refuse stops it before it writes
+            # a state it must refuse stops it here, before it writes
+            self._heard([r async for r in read_to_end(members, self.engine_topics.members)])
             self._claim_output_dir()
             data = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,
@@ -254,17 +262,6 @@ class StreamProcessor:
                 f"{theirs.get('group')!r} (topic prefix {theirs.get('prefix')!r}); this processor "
                 f"is group {self.group_id!r} (prefix {self.prefix!r}): give it another folder"
             )
-
-    def _reader(self) -> AIOKafkaConsumer:
-        """A consumer outside the group, from the start, of committed records only."""
-        return AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            **self.security.client_kwargs(),
-        )
 
     def lag(self) -> dict[str, int]:
         """Messages between this processor's position and the log end, per partition."""
@@ -446,31 +443,22 @@ class StreamProcessor:
                     self.engine_topics.members, None, key=self.member.encode()
                 )
 
-    async def _read_members(self, consumer: AIOKafkaConsumer) -> None:
-        """Assign the members topic and read it to its end as it is now."""
-        tp = TopicPartition(self.engine_topics.members, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        while await consumer.position(tp) < end:
-            self._heard(await consumer.getmany(tp, timeout_ms=500))
-
     async def _tail_members(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            self._heard(await consumer.getmany(timeout_ms=200))
+            batch = await consumer.getmany(timeout_ms=200)
+            self._heard([record for records in batch.values() for record in records])
 
-    def _heard(self, batch: Batch) -> None:
+    def _heard(self, records: list[ConsumerRecord]) -> None:
         """Member records of this group (raises :class:`ForeignState` on one to refuse)."""
-        for records in batch.values():
-            for record in records:
-                member = (record.key or b"").decode()
-                if record.value is None:
-                    self._members.pop(member, None)
-                    continue
-                decoded = decode_member(record.value, self.prefix)
-                if decoded.group == self.group_id:
-                    self._members[member] = decoded
-        if batch:
+        for record in records:
+            member = (record.key or b"").decode()
+            if record.value is None:
+                self._members.pop(member, None)
+                continue
+            decoded = decode_member(record.value, self.prefix)
+            if decoded.group == self.group_id:
+                self._members[member] = decoded
+        if records:
             self._update_owners()
 
     def _update_owners(self) -> None:
@@ -577,14 +565,14 @@ class StreamProcessor:
         """Read a unit again from the final's cut to where it was, and reject every event of
         the run found there: they came too late for the final, and none is dropped silently."""
         tp = self._tp(late.unit)
-        reader = self._reader()
+        consumer = reader(self.bootstrap, self.security)
         found = 0
         try:
-            await start_client(reader, self.bootstrap, self.security)
-            reader.assign([tp])
-            reader.seek(tp, late.cut)
-            while await reader.position(tp) < late.position:
-                for record in (await reader.getmany(tp, timeout_ms=500)).get(tp, []):
+            await start_client(consumer, self.bootstrap, self.security)
+            consumer.assign([tp])
+            consumer.seek(tp, late.cut)
+            while await consumer.position(tp) < late.position:
+                for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
                     if record.offset >= late.position:
                         break
                     if _run_of(record.value or b"") == late.run_id:
@@ -594,7 +582,7 @@ class StreamProcessor:
                         )
                         found += 1
         finally:
-            await reader.stop()
+            await consumer.stop()
             self._late -= 1
         log.warning(
             "run %s: %d events in %s [%d, %d) came after its final profile; parked (%d expected)",
@@ -608,11 +596,9 @@ class StreamProcessor:
 
     async def _tail_finals(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                for record in records:
-                    if record.value is not None:
-                        self._final(decode_final(record.value, self.prefix))
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                for final in finals_of(records, self.prefix, self.group_id):
+                    self._final(final)
 
     async def _maybe_finish(self, run: Run) -> None:
         """Write the run's final profile, if this processor leads and the run is ready; on

@@ -16,10 +16,10 @@ import contextlib
 import hashlib
 import time
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -37,7 +37,16 @@ from rewardstream.errors import InputError
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from sinks.files import ProfilePaths, write_files
 
-__all__ = ["ensure_topics", "fetch_profile", "list_finals", "publish_final", "read_finals"]
+__all__ = [
+    "ensure_topics",
+    "fetch_profile",
+    "finals_of",
+    "list_finals",
+    "publish_final",
+    "read_finals",
+    "read_to_end",
+    "reader",
+]
 
 _COMPACT = {"cleanup.policy": "compact"}
 
@@ -62,7 +71,9 @@ async def ensure_topics(bootstrap: str, security: KafkaSecurity, topics: EngineT
         await admin.close()
 
 
-def _consumer(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:
+def reader(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:
+    """A consumer outside any group, from the start, of committed records only: how the
+    engine's topics (and the control topic) are read."""
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
@@ -73,23 +84,37 @@ def _consumer(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:
     )
 
 
-async def read_finals(
-    consumer: AIOKafkaConsumer, topic: str, prefix: str, group: str | None
-) -> AsyncIterator[FinalRecord]:
-    """Every final record of ``group`` (every group: None) from the start of the topic to its
-    committed end as it is now; ``consumer`` must be started and unassigned."""
+async def read_to_end(consumer: AIOKafkaConsumer, topic: str) -> AsyncIterator[ConsumerRecord]:
+    """Every record of a one-partition topic from its start to its end as it is now;
+    ``consumer`` (started, unassigned) is left assigned there, to read on."""
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     await consumer.seek_to_beginning(tp)
     end = (await consumer.end_offsets([tp]))[tp]
     while await consumer.position(tp) < end:
-        batch = await consumer.getmany(tp, timeout_ms=500)
-        for record in batch.get(tp, []):
-            if record.value is None:
-                continue
+        for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
+            yield record
+
+
+def finals_of(
+    records: Iterable[ConsumerRecord], prefix: str, group: str | None
+) -> Iterator[FinalRecord]:
+    """The final records of ``group`` (every group: None) among ``records``."""
+    for record in records:
+        if record.value is not None:
             final = decode_final(record.value, prefix)
             if group is None or final.group == group:
                 yield final
+
+
+async def read_finals(
+    consumer: AIOKafkaConsumer, topic: str, prefix: str, group: str | None
+) -> AsyncIterator[FinalRecord]:
+    """Every final record of ``group`` (every group: None) to the topic's end as it is now
+    (see :func:`read_to_end`)."""
+    async for record in read_to_end(consumer, topic):
+        for final in finals_of([record], prefix, group):
+            yield final
 
 
 async def publish_final(
@@ -111,14 +136,14 @@ async def publish_final(
     )
     await start_client(producer, bootstrap, security)  # fences earlier producers of this run
     try:
-        reader = _consumer(bootstrap, security)
-        await start_client(reader, bootstrap, security)
+        consumer = reader(bootstrap, security)
+        await start_client(consumer, bootstrap, security)
         try:
-            async for final in read_finals(reader, topics.finals, record.prefix, record.group):
+            async for final in read_finals(consumer, topics.finals, record.prefix, record.group):
                 if final.run_id == record.run_id:
                     return final
         finally:
-            await reader.stop()
+            await consumer.stop()
         refs = []
         async with producer.transaction():
             sent = []
@@ -154,15 +179,15 @@ async def list_finals(
     bootstrap: str, security: KafkaSecurity, topics: EngineTopics, prefix: str, group: str | None
 ) -> dict[tuple[str, str], FinalRecord]:
     """The standing final record of every run, by (group, run id)."""
-    reader = _consumer(bootstrap, security)
-    await start_client(reader, bootstrap, security)
+    consumer = reader(bootstrap, security)
+    await start_client(consumer, bootstrap, security)
     try:
         out: dict[tuple[str, str], FinalRecord] = {}
-        async for final in read_finals(reader, topics.finals, prefix, group):
+        async for final in read_finals(consumer, topics.finals, prefix, group):
             out.setdefault((final.group, final.run_id), final)  # the first one stands
         return out
     finally:
-        await reader.stop()
+        await consumer.stop()
 
 
 async def fetch_profile(
@@ -178,17 +203,7 @@ async def fetch_profile(
     """Wait up to ``timeout`` seconds for the run's final profile and write its three files
     into ``out`` atomically (all or none); raises :class:`InputError` when it does not come,
     or when the run was evicted unfinished."""
-    deadline = time.monotonic() + timeout
-    while True:
-        finals = await list_finals(bootstrap, security, topics, prefix, group)
-        final = finals.get((group, run_id))
-        if final is not None:
-            break
-        if time.monotonic() >= deadline:
-            raise InputError(
-                f"no final profile of run {run_id!r} (group {group!r}) within {timeout:g}s"
-            )
-        await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    final = await _wait_final(bootstrap, security, topics, prefix, group, run_id, timeout)
     if final.state == "evicted":
         raise InputError(f"run {run_id!r} was evicted unfinished: it has no final profile")
     contents = await _read_files(bootstrap, security, topics, final)
@@ -199,6 +214,34 @@ async def fetch_profile(
     return paths
 
 
+async def _wait_final(
+    bootstrap: str,
+    security: KafkaSecurity,
+    topics: EngineTopics,
+    prefix: str,
+    group: str,
+    run_id: str,
+    timeout: float,
+) -> FinalRecord:
+    """The run's standing final record: read to the topic's end, then waited for there."""
+    deadline = time.monotonic() + timeout
+    consumer = reader(bootstrap, security)
+    await start_client(consumer, bootstrap, security)
+    try:
+        async for final in read_finals(consumer, topics.finals, prefix, group):
+            if final.run_id == run_id:
+                return final  # the first one stands
+        tp = TopicPartition(topics.finals, 0)
+        while (left := deadline - time.monotonic()) > 0:
+            batch = await consumer.getmany(tp, timeout_ms=max(1, int(min(left, 1.0) * 1000)))
+            for final in finals_of(batch.get(tp, []), prefix, group):
+                if final.run_id == run_id:
+                    return final
+    finally:
+        await consumer.stop()
+    raise InputError(f"no final profile of run {run_id!r} (group {group!r}) within {timeout:g}s")
+
+
 async def _read_files(
     bootstrap: str, security: KafkaSecurity, topics: EngineTopics, final: FinalRecord
 ) -> list[bytes]:
@@ -206,21 +249,21 @@ async def _read_files(
     prefix = f"{final.group}/{final.run_id}/".encode()
     want = {(i, c) for i, f in enumerate(final.files) for c in range(f.chunks)}
     chunks: dict[tuple[int, int], bytes] = {}
-    reader = _consumer(bootstrap, security)
-    await start_client(reader, bootstrap, security)
+    consumer = reader(bootstrap, security)
+    await start_client(consumer, bootstrap, security)
     try:
         tp = TopicPartition(topics.profiles, 0)
-        reader.assign([tp])
-        reader.seek(tp, final.chunks_from)
-        end = (await reader.end_offsets([tp]))[tp]
-        while len(chunks) < len(want) and await reader.position(tp) < end:
-            for record in (await reader.getmany(tp, timeout_ms=500)).get(tp, []):
+        consumer.assign([tp])
+        consumer.seek(tp, final.chunks_from)
+        end = (await consumer.end_offsets([tp]))[tp]
+        while len(chunks) < len(want) and await consumer.position(tp) < end:
+            for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
                 key = record.key or b""
                 if key.startswith(prefix) and record.value is not None:
                     index, chunk = map(int, key[len(prefix) :].split(b"/"))
                     chunks[(index, chunk)] = zlib.decompress(record.value)
     finally:
-        await reader.stop()
+        await consumer.stop()
     if len(chunks) < len(want):
         raise ForeignState(f"run {final.run_id!r}: the profiles topic lacks chunks of its final")
     files = []
