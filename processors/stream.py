@@ -958,14 +958,14 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             else:
                 pipeline.unit(processor.unit_name(tp))  # new: from the committed offset
                 processor._unplaced.add(processor.unit_name(tp))
-        every = {processor.unit_name(tp) for tp in processor.data_partitions(self.consumer)}
-        pipeline.leader = "rollout-0" in owned or not every - owned
+        pipeline.leader = "rollout-0" in owned  # whoever owns every unit owns it too
         processor._changed = True
         if not owned:
+            counts = (len(self.consumer.partitions_for_topic(t) or ()) for t in processor._kinds)
             log.warning(
                 "this processor owns no partition: group %s has more members than the data "
                 "topics have partitions (%d); it serves snapshots but folds nothing",
                 processor.group_id,
-                len(every) // 2,
+                max(counts),
             )
         log.info("assigned %s; leader=%s", sorted(owned), pipeline.leader)
