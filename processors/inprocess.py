@@ -12,12 +12,11 @@ import logging
 from pathlib import Path
 
 from processors.pipeline import Pipeline, Rejected
-from processors.profile import build_profile
 from processors.runs import Done, PartView, Run, merge_parts
 from producers.events import input_events, rollout_events
 from rewardstream.contract import RunFinished, RunStarted, checked, encode
-from rewardstream.errors import InputError, RewardstreamError
-from sinks.files import ProfilePaths, write_profile
+from rewardstream.errors import InputError
+from sinks.files import ProfilePaths, write_final
 
 __all__ = ["finish", "stream_files"]
 
@@ -30,22 +29,10 @@ def finish(pipeline: Pipeline, run: Run) -> ProfilePaths | None:
     if not pipeline.leader or pipeline.remote or not pipeline.ready(run):
         return None
     paths = pipeline.paths(run)
-    partial = not run.complete
-    if partial:
-        log.warning(
-            "run %s finished incomplete (%d of %s rollouts): writing a partial profile",
-            run.run_id,
-            run.rollouts,
-            run.expected if run.expected is not None else "?",
-        )
     parts: dict[str, PartView] = dict(run.parts)
-    paths.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        merged = merge_parts(parts[n] for n in sorted(parts))
-        write_profile(build_profile(merged.state, partial), paths, merged.sample)
-    except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
-        run.error = str(exc)
-        log.error("run %s: no final profile: %s", run.run_id, exc)
+    merged = merge_parts(parts[n] for n in sorted(parts))
+    run.error = write_final(run.run_id, merged, paths, not run.complete, run.expected)
+    if run.error is not None:  # say so, keep serving
         return None
     cuts = {n: u.position for n, u in pipeline.units.items()}
     stem = paths.reward_profiling.name.removesuffix("_reward_profiling.jsonl")

@@ -52,7 +52,6 @@ from aiokafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeEr
 from processors.http import make_app, serve
 from processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
 from processors.pipeline import EventKind, Late, Pipeline, Rejected, RemoteUnit
-from processors.profile import build_profile
 from processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
 from rewardstream.contract import Topics
 from rewardstream.engine_contract import (
@@ -66,7 +65,7 @@ from rewardstream.engine_contract import (
 )
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
-from sinks.files import ProfilePaths, write_files, write_profile
+from sinks.files import ProfilePaths, write_files, write_final
 from sinks.metrics import Metrics
 from sinks.profiles import (
     ensure_topics,
@@ -629,22 +628,11 @@ class StreamProcessor:
         merged = merge_parts(parts[n] for n in sorted(parts))
         if not partial and merged.state.num_results != run.expected:
             raise Unavailable(f"{merged.state.num_results} of {run.expected} rollouts gathered")
-        if partial:
-            log.warning(
-                "run %s finished incomplete (%d of %s rollouts): writing a partial profile",
-                run.run_id,
-                merged.state.num_results,
-                run.expected if run.expected is not None else "?",
-            )
         folder = self.state_dir / "finals" / run.run_id
-        folder.mkdir(parents=True, exist_ok=True)
         stem = run.started.output_stem if run.started else "rollouts"
         paths = ProfilePaths.next_to(folder / f"{stem}.jsonl")
-        try:
-            write_profile(build_profile(merged.state, partial), paths, merged.sample)
-        except RewardstreamError as exc:  # e.g. rollouts without input rows: say so, keep serving
-            run.error = str(exc)
-            log.error("run %s: no final profile: %s", run.run_id, exc)
+        run.error = write_final(run.run_id, merged, paths, partial, run.expected)
+        if run.error is not None:  # say so, keep serving
             return
         del merged
         counts = Pipeline.counts_by_unit(parts)

@@ -8,6 +8,7 @@ a half-written profile, and stale files from an earlier run stay untouched until
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import orjson
 
-from rewardstream.errors import InputError
+from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.names import ProfilePaths
 
 if TYPE_CHECKING:  # annotations only: the snapshot client writes files without numpy
     from processors.profile import Profile, TaskRow
+    from processors.runs import Merged
 
 __all__ = [
     "InputsFile",
@@ -28,8 +30,11 @@ __all__ = [
     "summary_lines",
     "task_lines",
     "write_files",
+    "write_final",
     "write_profile",
 ]
+
+log = logging.getLogger(__name__)
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -79,6 +84,29 @@ def write_profile(profile: Profile, paths: ProfilePaths, sample: Callable[[int],
             (paths.repeat_level_metrics, [orjson.dumps(profile.repeat_metrics)]),
         ]
     )
+
+
+def write_final(
+    run_id: str, merged: Merged, paths: ProfilePaths, partial: bool, expected: int | None
+) -> str | None:
+    """Write a run's final profile from its merged parts, as either transport finishes a run;
+    the error when it cannot be profiled (e.g. rollouts without their input rows), logged."""
+    from processors.profile import build_profile  # numpy: not for the light commands
+
+    if partial:
+        log.warning(
+            "run %s finished incomplete (%d of %s rollouts): writing a partial profile",
+            run_id,
+            merged.state.num_results,
+            expected if expected is not None else "?",
+        )
+    paths.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write_profile(build_profile(merged.state, partial), paths, merged.sample)
+    except RewardstreamError as exc:
+        log.error("run %s: no final profile: %s", run_id, exc)
+        return str(exc)
+    return None
 
 
 def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:
