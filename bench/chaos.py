@@ -116,7 +116,7 @@ from rewardstream.contract import Topics, task_key
 from rewardstream.engine_contract import EngineTopics, FinalRecord
 from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import LocalBroker, LocalCluster
-from sinks.profiles import ensure_topics, list_finals, read_finals
+from sinks.profiles import ensure_topics, list_finals, read_finals, read_to_end
 from tests.golden import OUTPUT_SUFFIXES, file_events
 from tests.processes import Processor, make_topics, send_events
 
@@ -348,23 +348,17 @@ async def _members_written(bootstrap: str, topic: str) -> list[str]:
     )
     await consumer.start()
     try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
         out = []
-        while await consumer.position(tp) < end:
-            for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
-                for r in records:
-                    if r.offset == 0:
-                        continue
-                    key = (r.key or b"").decode(errors="replace")
-                    if r.value is None:
-                        out.append(f"{r.offset}: {key} tombstone")
-                    else:
-                        body = orjson.loads(r.value)
-                        units = len(body.get("units") or {})
-                        out.append(f"{r.offset}: {key} v{body.get('v')} with {units} units")
+        async for r in read_to_end(consumer, topic):
+            if r.offset == 0:
+                continue
+            key = (r.key or b"").decode(errors="replace")
+            if r.value is None:
+                out.append(f"{r.offset}: {key} tombstone")
+            else:
+                body = orjson.loads(r.value)
+                units = len(body.get("units") or {})
+                out.append(f"{r.offset}: {key} v{body.get('v')} with {units} units")
         return out
     finally:
         await consumer.stop()

@@ -30,58 +30,30 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-
-import orjson
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.generate import generate
 from bench.measure import kafka_workspace
 from bench.stream_bench import prefill
 from producers.events import WireEvent, input_events, rollout_events
 from rewardstream.contract import RunStarted, Topics, encode
-from rewardstream.kafka_local import free_port
+from tests.processes import Processor, make_topics
 
 PARTITIONS = 4
 
 
-class Member:
+def member(bootstrap: str, prefix: str, work: Path, name: str) -> Processor:
     """``rewardstream stream`` as a child process with a state folder of its own."""
+    extra = ["--state-dir", str(work / name / "state")]
+    return Processor(bootstrap, prefix, work / name / "out", work / f"{name}.log", 5.0, extra)
 
-    def __init__(self, bootstrap: str, prefix: str, work: Path, name: str) -> None:
-        self.state = work / name
-        self.url = f"http://127.0.0.1:{free_port()}"
-        cmd = [sys.executable, "-m", "rewardstream.cli", "stream", "--bootstrap", bootstrap]
-        cmd += ["--topic-prefix", prefix, "--state-dir", str(self.state)]
-        cmd += ["--http", self.url.removeprefix("http://")]
-        with (work / f"{name}.log").open("wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
 
-    def get(self, path: str) -> object:
-        try:
-            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as r:
-                return orjson.loads(r.read())
-        except OSError:
-            return None
-
-    def rollouts(self) -> int:
-        """The run's rollouts as this member knows them (its own and its peers' counts)."""
-        runs = self.get("/runs")
-        if not isinstance(runs, list):
-            return 0
-        return next((int(r["rollouts"]) for r in runs if r["run_id"] == "run"), 0)
-
-    def units(self) -> int:
-        health = self.get("/healthz")
-        return len(health.get("units") or ()) if isinstance(health, dict) else 0
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(60)
+def rollouts_of(p: Processor) -> int:
+    """The run's rollouts as this member knows them (its own and its peers' counts)."""
+    count = p.runs().get("run", {}).get("rollouts", 0)
+    return count if isinstance(count, int) else 0
 
 
 def wait(condition: Callable[[], object], what: str, timeout: float = 600.0) -> float:
@@ -92,21 +64,6 @@ def wait(condition: Callable[[], object], what: str, timeout: float = 600.0) -> 
             raise SystemExit(f"timed out waiting for {what}")
         time.sleep(0.05)
     return time.monotonic()
-
-
-async def topics_with(bootstrap: str, topics: Topics) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [
-                NewTopic(topics.inputs, PARTITIONS, 1),
-                NewTopic(topics.rollouts, PARTITIONS, 1),
-                NewTopic(topics.control, 1, 1),
-            ]
-        )
-    finally:
-        await admin.close()
 
 
 def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) -> None:
@@ -120,15 +77,15 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
     started = RunStarted(run_id="run", expected_rollouts=len(inputs), output_stem="r")
     prefix = f"spread-{uuid.uuid4().hex[:8]}"
     topics = Topics.for_prefix(prefix)
-    asyncio.run(topics_with(bootstrap, topics))
+    asyncio.run(make_topics(bootstrap, topics, PARTITIONS))
     control = WireEvent("control", b"run", encode(started))
     asyncio.run(prefill(bootstrap, topics, [*inputs, *kept, control]))
     n = len(kept)
     print(f"{tasks:,} tasks x {repeats}: {len(inputs):,} inputs + {n:,} rollouts in 4 partitions")
-    a, b = Member(bootstrap, prefix, work, "a"), Member(bootstrap, prefix, work, "b")
+    a, b = member(bootstrap, prefix, work, "a"), member(bootstrap, prefix, work, "b")
     try:
-        wait(lambda: a.units() and b.units() and a.units() + b.units() == 2 * PARTITIONS, "split")
-        wait(lambda: a.rollouts() == n, "both members folded their halves")
+        wait(lambda: len({*a.units(), *b.units()}) == 2 * PARTITIONS, "split")
+        wait(lambda: rollouts_of(a) == n, "both members folded their halves")
         out = work / "snap"
         cli = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--run-id", "run"]
         cli += ["--url", a.url, "--out", str(out)]
@@ -146,13 +103,13 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
             + f" s, median {statistics.median(times):.2f} s"
         )
         killed = time.monotonic()
-        b.stop(signal.SIGKILL)
-        shutil.rmtree(b.state, ignore_errors=True)  # the pod's disk goes with it
-        c = Member(bootstrap, prefix, work, "c")
+        b.kill(signal.SIGKILL)
+        shutil.rmtree(work / "b", ignore_errors=True)  # the pod's disk goes with it
+        c = member(bootstrap, prefix, work, "c")
         try:
-            assigned = wait(lambda: c.units() > 0, "the replacement's assignment")
-            whole = wait(lambda: c.rollouts() == n, "the group holding every rollout again")
-            share = n * c.units() / (2 * PARTITIONS)  # about its half
+            assigned = wait(lambda: len(c.units()) > 0, "the replacement's assignment")
+            whole = wait(lambda: rollouts_of(c) == n, "the group holding every rollout again")
+            share = n * len(c.units()) / (2 * PARTITIONS)  # about its half
             rebuild = whole - assigned
             print(
                 f"  pod loss: replacement assigned {assigned - killed:.1f} s after the kill, "
@@ -161,10 +118,10 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
                 f"{rebuild / share * 1e6:.1f} s per million rollouts"
             )
         finally:
-            c.stop()
+            c.kill(signal.SIGTERM)
     finally:
-        a.stop()
-        b.stop(signal.SIGKILL)
+        a.kill(signal.SIGTERM)
+        b.kill(signal.SIGKILL)
 
 
 def main() -> None:
