@@ -24,19 +24,25 @@ from rewardstream.errors import RewardstreamError
 
 __all__ = [
     "FORMAT",
-    "MEDIA_TYPE",
+    "PART_LIST_TYPE",
     "VERSION",
     "PartFormatError",
     "ReceivedPart",
+    "decode_answer",
     "decode_part",
     "decode_parts",
+    "encode_answer",
     "encode_part",
     "encode_parts",
 ]
 
 FORMAT = "rewardstream.part"
 VERSION = 1
-MEDIA_TYPE = "application/vnd.rewardstream.part.v1"
+PART_LIST_TYPE = "application/vnd.rewardstream.parts.v1"
+"""A processor's answer to a part request (``GET /parts/<run_id>``): one JSON line,
+``{"units": {unit: position}}`` for every unit it owns (a unit with no part of the run still
+says how far it is consumed), then the parts as :func:`encode_parts` writes them, each with its
+``unit`` in its identity (:func:`encode_answer`, :func:`decode_answer`)."""
 
 _LENGTH = struct.Struct(">Q")  # before each part of a several-part body
 _COUNTS = ("inputs", "rollouts", "duplicates")
@@ -231,12 +237,6 @@ def _header(data: bytes, start: int, end: int, expect: Mapping[str, str | int]) 
         if type(header.get(key)) is not int or header[key] < 0:
             raise PartFormatError(f"the part's header has no {key} count")
     return header
-
-
-PART_LIST_TYPE = "application/vnd.rewardstream.parts.v1"
-"""A processor's answer to a part request: one JSON line, ``{"units": {unit: position}}`` for
-every unit it owns (a unit with no part of the run still says how far it is consumed), then
-the parts as :func:`encode_parts` writes them, each with its ``unit`` in its identity."""
 
 
 def encode_answer(
