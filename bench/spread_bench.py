@@ -50,10 +50,11 @@ def member(bootstrap: str, prefix: str, work: Path, name: str) -> Processor:
     return Processor(bootstrap, prefix, work / name / "out", work / f"{name}.log", 5.0, extra)
 
 
-def rollouts_of(p: Processor) -> int:
-    """The run's rollouts as this member knows them (its own and its peers' counts)."""
-    count = p.runs().get("run", {}).get("rollouts", 0)
-    return count if isinstance(count, int) else 0
+def counts_of(p: Processor) -> tuple[int, int]:
+    """The run's inputs and rollouts as this member knows them (its own and its peers')."""
+    run = p.runs().get("run", {})
+    inputs, rollouts = run.get("inputs", 0), run.get("rollouts", 0)
+    return (inputs if isinstance(inputs, int) else 0, rollouts if isinstance(rollouts, int) else 0)
 
 
 def wait(condition: Callable[[], object], what: str, timeout: float = 600.0) -> float:
@@ -85,7 +86,8 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
     a, b = member(bootstrap, prefix, work, "a"), member(bootstrap, prefix, work, "b")
     try:
         wait(lambda: len({*a.units(), *b.units()}) == 2 * PARTITIONS, "split")
-        wait(lambda: rollouts_of(a) == n, "both members folded their halves")
+        everything = (len(inputs), n)  # a rollout may be folded before its input: wait for both
+        wait(lambda: counts_of(a) == everything, "both members folded their halves")
         out = work / "snap"
         cli = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--run-id", "run"]
         cli += ["--url", a.url, "--out", str(out)]
@@ -108,7 +110,7 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
         c = member(bootstrap, prefix, work, "c")
         try:
             assigned = wait(lambda: len(c.units()) > 0, "the replacement's assignment")
-            whole = wait(lambda: rollouts_of(c) == n, "the group holding every rollout again")
+            whole = wait(lambda: counts_of(c) == everything, "the group holding every event again")
             share = n * len(c.units()) / (2 * PARTITIONS)  # about its half
             rebuild = whole - assigned
             print(

@@ -11,13 +11,18 @@ header names (every processor of a deployment shares it; a mismatch is refused, 
 
 from __future__ import annotations
 
+import mmap
 import struct
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
+from processors.profile import sampled_rows
 from processors.runs import Part
 from processors.state import InfoBytes, ProfileState, Section
 from rewardstream.errors import RewardstreamError
@@ -55,21 +60,42 @@ class PartFormatError(RewardstreamError):
     line (an HTTP error body, or a log line of the processor that asked)."""
 
 
-def _chunks(part: Part, identity: Mapping[str, str | int]) -> tuple[int, list[Section]]:
+def _chunks(
+    part: Part, identity: Mapping[str, str | int], sampled: npt.NDArray[np.bool_] | None = None
+) -> tuple[int, list[Section]]:
     """The part's wire form as buffers to join (the live ones: join before the part grows),
-    and its length."""
+    and its length. ``sampled``: the rows whose ``sample`` is sent (default: all); the
+    others' locators point past the samples, where reading one fails instead of reading
+    another row."""
     clash = _RESERVED.intersection(identity)
     if clash:
         raise ValueError(f"identity fields {sorted(clash)} are names the part header uses")
     state, spill = part.state, part.spill
     header, sections = state.export_columns(part.taken_infos())
-    samples = spill.view(spill.size) if spill is not None and state.num_inputs else b""
+    samples: Section = spill.view(spill.size) if spill is not None and state.num_inputs else b""
+    if sampled is not None and not sampled.all():
+        at = [name for name, _, _ in header["sections"]].index("in_locator")
+        sections[at], samples = _only_sampled(state.column(state.in_locator), samples, sampled)
     header["sections"].append(["samples", "B", len(samples)])
     counts = {"inputs": part.inputs, "rollouts": part.rollouts, "duplicates": part.duplicates}
     first = {"format": FORMAT, "v": VERSION, "byteorder": sys.byteorder, **identity, **counts}
     line = orjson.dumps(first | header, option=orjson.OPT_APPEND_NEWLINE)
     size = len(line) + sum(nbytes for _, _, nbytes in header["sections"])
     return size, [line, *sections, samples]
+
+
+def _only_sampled(
+    locators: npt.NDArray[np.int64], samples: Section, sampled: npt.NDArray[np.bool_]
+) -> tuple[array[int], bytes]:
+    """The sampled rows' lines, back to back, and every row's locator into them (the
+    others': the end, where reading fails)."""
+    data = samples if isinstance(samples, bytes | mmap.mmap) else bytes(samples)
+    rows = np.flatnonzero(sampled)
+    lines = [data[at : data.find(b"\n", at) + 1] for at in locators[rows].tolist()]
+    lengths = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
+    moved = np.full(len(locators), int(lengths.sum()), dtype=np.int64)
+    moved[rows] = np.cumsum(lengths) - lengths
+    return array("q", moved.tobytes()), b"".join(lines)
 
 
 def encode_part(part: Part, identity: Mapping[str, str | int]) -> bytes:
@@ -82,13 +108,16 @@ def encode_part(part: Part, identity: Mapping[str, str | int]) -> bytes:
     return b"".join(_chunks(part, identity)[1])
 
 
-def encode_parts(parts: Iterable[tuple[Part, Mapping[str, str | int]]]) -> bytes:
+def encode_parts(parts: Sequence[tuple[Part, Mapping[str, str | int]]]) -> bytes:
     """Several parts in one body (a processor answers for all the units it owns at once),
     each after its length as 8 bytes big-endian; one copy of everything, as
-    :func:`encode_part`."""
+    :func:`encode_part`. An input part sends only the ``sample`` rows that a profile can
+    still read given the results of these parts (:func:`processors.profile.sampled_rows`)."""
+    results = [part.state for part, _ in parts if part.state.num_results]
     body: list[Section] = []
     for part, identity in parts:
-        size, chunks = _chunks(part, identity)
+        sampled = sampled_rows(part.state, results) if part.state.num_inputs else None
+        size, chunks = _chunks(part, identity, sampled)
         body += [_LENGTH.pack(size), *chunks]
     return b"".join(body)
 
@@ -131,6 +160,8 @@ class ReceivedPart:
 
         def line(locator: int) -> bytes:
             begin = lo + locator
+            if begin >= hi:  # a row the sender judged no profile reads: a bug, not a sample
+                raise PartFormatError(f"the part sent no sample row for locator {locator}")
             end = data.find(b"\n", begin, hi)
             return data[begin : end if end >= 0 else hi]
 
@@ -200,7 +231,7 @@ def _decode(data: bytes, start: int, end: int, expect: Mapping[str, str | int]) 
         raise PartFormatError(f"the part's state is unusable: {exc}") from None
     lo, hi = spans["samples"]
     locators = state.column(state.in_locator)
-    if len(locators) and not 0 <= locators.min() <= locators.max() < hi - lo:
+    if len(locators) and not 0 <= locators.min() <= locators.max() <= hi - lo:
         raise PartFormatError("the part's state is unusable: a row's locator is past its samples")
     kept = {k: v for k, v in header.items() if k not in _STATE_KEYS}
     return ReceivedPart(kept, state, data, (lo, hi))
@@ -243,7 +274,7 @@ def encode_answer(
     positions: Mapping[str, int], parts: Iterable[tuple[str, Part, Mapping[str, str | int]]]
 ) -> bytes:
     head = orjson.dumps({"units": dict(positions)}, option=orjson.OPT_APPEND_NEWLINE)
-    body = encode_parts((part, {**identity, "unit": unit}) for unit, part, identity in parts)
+    body = encode_parts([(part, {**identity, "unit": unit}) for unit, part, identity in parts])
     return head + body
 
 

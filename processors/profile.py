@@ -7,7 +7,7 @@ taken mid-stream is by construction what batch ``ng_reward_profile`` writes for 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -20,7 +20,14 @@ from processors.kernels import GroupStats, Summary, describe_groups, summarize_p
 from processors.state import InfoBytes, ProfileState
 from rewardstream.errors import ProfileError
 
-__all__ = ["CompletionSummary", "Profile", "TaskRow", "TaskRows", "build_profile"]
+__all__ = [
+    "CompletionSummary",
+    "Profile",
+    "TaskRow",
+    "TaskRows",
+    "build_profile",
+    "sampled_rows",
+]
 
 I64 = npt.NDArray[np.int64]
 _STATS = ("mean", "max", "min", "median", "std")
@@ -694,3 +701,35 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         agents,
         lambda: _summary(in_task, run_key, has_result[keys.of_input]),
     )
+
+
+def sampled_rows(inputs: ProfileState, results: Sequence[ProfileState]) -> npt.NDArray[np.bool_]:
+    """Which rows of ``inputs`` a profile of these states, merged with any others, may take
+    its ``sample`` from (a peer sends only those rows' samples: ~1 in 8 when it holds a
+    task's results beside its rows).
+
+    A task row's sample is the row of its group's first unmasked result in rollout order
+    (:func:`_task_rows`), and a group (a task, or a task and label under fan-out) is a union
+    of the rows of one task, agent and environment server. So a row is out of reach once an
+    earlier row of its task, agent and server has an unmasked result in ``results``; a row
+    whose results are elsewhere, or not in yet, stays in reach.
+    """
+    n = inputs.num_inputs
+    masked = [s.column(s.res_masked).astype(bool) for s in results]
+    res_task = [s.column(s.res_task)[~m] for s, m in zip(results, masked, strict=True)]
+    res_rollout = [s.column(s.res_rollout)[~m] for s, m in zip(results, masked, strict=True)]
+    if not n or not sum(map(len, res_task)):
+        return np.ones(n, dtype=bool)
+    task, rollout = inputs.column(inputs.in_task), inputs.column(inputs.in_rollout)
+    codes, _ = _encode(np.concatenate([task, *res_task]), np.concatenate([rollout, *res_rollout]))
+    has = np.isin(codes[:n], codes[n:])
+    agent, server = inputs.column(inputs.in_agent), inputs.column(inputs.in_server)
+    order = np.lexsort((rollout, server, agent, task))
+    t, a, v = task[order], agent[order], server[order]
+    first = np.r_[True, (t[1:] != t[:-1]) | (a[1:] != a[:-1]) | (v[1:] != v[:-1])]
+    h = has[order].astype(np.int64)
+    before = np.cumsum(h) - h  # results of earlier rows, counted across classes
+    at_start = before[first][np.cumsum(first) - 1]  # the count where each row's class begins
+    keep = np.empty(n, dtype=bool)
+    keep[order] = before == at_start
+    return keep

@@ -53,32 +53,52 @@ __all__ = [
 ]
 
 
+_SPILL_BUFFER = 1 << 18  # bytes a spill holds before it writes them out
+
+
 class Spill:
     """An append-only file of bytes addressed by offset, in the processor's private state
     folder: ``sample`` rows (one JSON line each) of input parts, ``rollout_infos`` entries of
     rollout parts, which memory need not hold. Scratch only: a unit's state is rebuilt from
     Kafka, never from a spill.
 
-    Writes are unbuffered and reads go through a memory map of what was written, so a
-    snapshot can read while the owner keeps appending.
+    Appends are buffered (a write per row cost ~2 us, a rebuild replays a million rows) and
+    written at their offsets with ``pwrite``, not appended: a forked snapshot child that
+    writes the buffer out before it reads writes the very bytes the owner writes there later.
+    Reads go through a memory map of what was written, so a snapshot can read while the
+    owner keeps appending.
     """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.size = path, 0
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._pending = bytearray()
+        self._written = 0
 
     def append(self, data: bytes) -> int:
         offset = self.size
-        os.write(self._fd, data)
+        self._pending += data
         self.size += len(data)
+        if len(self._pending) >= _SPILL_BUFFER:
+            self._flush()
         return offset
+
+    def _flush(self) -> None:
+        with memoryview(self._pending) as pending:
+            done = 0
+            while done < len(pending):
+                done += os.pwrite(self._fd, pending[done:], self._written + done)
+        self._written += done
+        self._pending.clear()
 
     def view(self, size: int) -> mmap.mmap | bytes:
         """The first ``size`` bytes, memory-mapped read-only (unmapped when collected): written
         bytes never change, so the map can be held while the owner keeps appending."""
         if not size:
             return b""  # mmap refuses a length of 0
+        if size > self._written:
+            self._flush()
         return mmap.mmap(self._fd, size, prot=mmap.PROT_READ)
 
     def lines(self) -> Callable[[int], bytes]:

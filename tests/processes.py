@@ -85,6 +85,7 @@ class Processor:
         invisible to every other process, gone with it (root only). ``host_disk`` (with
         ``private_disk``): that folder bind-mounted there instead of a tmpfs, a host's own disk
         that outlives the process (a restart on the same host finds it again)."""
+        self.log = log
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.disk = private_disk
@@ -145,7 +146,7 @@ class Processor:
     def wait(self, done: Callable[[Runs], bool], timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
         while not done(self.runs()):
-            assert self.proc.poll() is None, "processor exited"
+            assert self.proc.poll() is None, f"processor exited: {self.log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"timed out; runs={self.runs()}"
             time.sleep(0.1)
 

@@ -132,6 +132,7 @@ def test_snapshots_cover_every_partition_and_a_lost_host_is_rebuilt_from_kafka(
     send_events(kafka_bootstrap, topics, [*events[: n_in + consumed], events[-1]], "run")
     for p in (a, b):
         p.wait(lambda runs: runs.get("run", {}).get("rollouts") == consumed)
+        p.wait(lambda runs: runs["run"]["expected_rollouts"] is not None)  # RunStarted read
     lines = rollouts.read_bytes().splitlines(keepends=True)[:consumed]
     partial_batch_profile(inputs, lines, tmp_path / "batch", "r")
     for p in (a, b):  # either member answers for the whole run

@@ -49,9 +49,10 @@ def collections(draw: st.DrawFn) -> tuple[list[Input], list[Rollout]]:
     (non-ASCII columns, usage, masked rows), some rollouts sent twice."""
     keys = draw(st.sets(st.tuples(st.integers(-3, 6), st.integers(0, 3)), max_size=25))
     agents = [None, "agent-ä", "b", "エージェント"]
+    mixed = draw(st.booleans())  # a task's rows under several agents: fan-out (spec §2.8)
     inputs, rollouts = [], []
     for line, (task, rollout) in enumerate(sorted(keys)):
-        agent = agents[task % len(agents)]
+        agent = agents[(task + rollout * mixed) % len(agents)]
         extra = {"prompt": draw(text), "ключ": draw(text)}
         inputs.append(Input(run_id="r", line=line, row=_row(task, rollout, agent, extra)))
         if not draw(st.integers(0, 4)):
@@ -102,7 +103,7 @@ def test_decoded_parts_merge_into_the_same_profile(
         folder = Path(tmp)
         parts = _parts(folder, *events, units)
         one = [decode_part(encode_part(p, {**ME, "unit": i}), ME) for i, p in enumerate(parts)]
-        body = encode_parts((p, {**ME, "unit": i}) for i, p in enumerate(parts))
+        body = encode_parts([(p, {**ME, "unit": i}) for i, p in enumerate(parts)])
         many = decode_parts(body, ME)
         assert [r.header["unit"] for r in many] == list(range(len(parts)))
         expected = _written(merge_parts(parts), folder / "local")
@@ -155,6 +156,38 @@ def test_the_owner_keeps_ingesting_after_an_encode(tmp_path: Path) -> None:
     assert sent[0].state.num_inputs == 1 and inputs.state.num_inputs == 50
     reader = sent[-2].sample_reader()
     assert reader is not None and reader(0) == b'{"q":0,"agent_ref":{"name":"a"}}'
+
+
+def test_an_answer_sends_only_the_samples_a_profile_can_read(tmp_path: Path) -> None:
+    """With a task's results beside its rows, only rows up to its first unmasked result can be
+    sampled: here 14 rows of 40; every row whose results are not in yet (task 9) goes."""
+    inputs, rollouts = Part(tmp_path / "input-0.spill"), Part(tmp_path / "rollout-0.spill")
+    for line, (task, rollout) in enumerate((t, r) for t in range(10) for r in range(4)):
+        inputs.add_input(Input(run_id="r", line=line, row=_row(task, rollout, "a", {"q": line})))
+        masked = {"mask_sample": True} if (task, rollout) == (3, 0) else {}
+        if task < 9:
+            record = extract_result({"reward": 1.0, **masked}, task, rollout)
+            rollouts.add_rollout(
+                Rollout(
+                    run_id="r",
+                    task=task,
+                    rollout=rollout,
+                    agent="a",
+                    record=record,
+                    published_at=0.0,
+                )
+            )
+    sent = decode_parts(encode_parts([(inputs, ME), (rollouts, ME)]), ME)[0]
+    read = sent.sample_reader()
+    assert read is not None
+    readable = []
+    for line, locator in enumerate(sent.state.column(sent.state.in_locator).tolist()):
+        try:
+            assert read(locator) == orjson.dumps({"q": line, "agent_ref": {"name": "a"}})
+            readable.append(line)
+        except PartFormatError as exc:
+            assert "no sample row" in str(exc)
+    assert readable == [0, 4, 8, 12, 13, 16, 20, 24, 28, 32, 36, 37, 38, 39]
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 from pathlib import Path
 
 import msgspec
@@ -10,7 +11,7 @@ import pytest
 
 from processors.profile import build_profile
 from processors.records import extract_result
-from processors.runs import Part, merge_parts
+from processors.runs import Part, Spill, merge_parts
 from rewardstream.contract import Input, Rollout
 from rewardstream.errors import InvalidRow
 from sinks.files import task_lines
@@ -108,3 +109,20 @@ def test_a_retired_part_keeps_its_counts_and_drops_its_state_and_spill(tmp_path:
         3,
         2,
     )
+
+
+def test_a_forked_reader_flushing_the_spill_first_changes_nothing(tmp_path: Path) -> None:
+    """A snapshot child writes the owner's buffered rows out before it maps them; the owner
+    writes the same bytes at the same offsets later, so neither sees a row twice or moved."""
+    spill = Spill(tmp_path / "s.spill")
+    lines = [b'{"row":%d}\n' % i for i in range(1000)]
+    offsets = [spill.append(line) for line in lines[:500]]
+    child = os.fork()
+    if not child:  # the snapshot child: flush by reading, then leave without cleanup
+        os._exit(0 if spill.lines()(offsets[499]) == lines[499].rstrip() else 1)
+    assert os.waitpid(child, 0)[1] == 0
+    offsets += [spill.append(line) for line in lines[500:]]
+    read = spill.lines()
+    assert [read(at) for at in offsets] == [line.rstrip() for line in lines]
+    assert (tmp_path / "s.spill").read_bytes() == b"".join(lines)
+    spill.close()
