@@ -34,10 +34,8 @@ __all__ = [
     "PartFormatError",
     "ReceivedPart",
     "decode_answer",
-    "decode_part",
     "decode_parts",
     "encode_answer",
-    "encode_part",
     "encode_parts",
 ]
 
@@ -98,28 +96,26 @@ def _only_sampled(
     return array("q", moved.tobytes()), b"".join(lines)
 
 
-def encode_part(part: Part, identity: Mapping[str, str | int]) -> bytes:
-    """One part as one bytes object: a copy, so the owner's arrays may grow right after
-    (a view of them would make their next ``extend`` raise ``BufferError``).
-
-    ``identity`` (run, unit, position, group...) goes into the header, where the receiver
-    checks the fields it expects (:func:`decode_part`).
-    """
-    return b"".join(_chunks(part, identity)[1])
-
-
 def encode_parts(parts: Sequence[tuple[Part, Mapping[str, str | int]]]) -> bytes:
     """Several parts in one body (a processor answers for all the units it owns at once),
-    each after its length as 8 bytes big-endian; one copy of everything, as
-    :func:`encode_part`. An input part sends only the ``sample`` rows that a profile can
-    still read given the results of these parts (:func:`processors.profile.sampled_rows`)."""
+    each after its length as 8 bytes big-endian, as one bytes object: a copy, so the owner's
+    arrays may grow right after (a view of them would make their next ``extend`` raise
+    ``BufferError``). Each part's ``identity`` (run, unit, group...) goes into its header,
+    where the receiver checks the fields it expects (:func:`decode_parts`). An input part
+    sends only the ``sample`` rows that a profile can still read given the results of these
+    parts (:func:`processors.profile.sampled_rows`)."""
+    return b"".join(_body(parts))
+
+
+def _body(parts: Sequence[tuple[Part, Mapping[str, str | int]]]) -> list[Section]:
+    """:func:`encode_parts`'s buffers, to join with anything before them in one copy."""
     results = [part.state for part, _ in parts if part.state.num_results]
     body: list[Section] = []
     for part, identity in parts:
         sampled = sampled_rows(part.state, results) if part.state.num_inputs else None
         size, chunks = _chunks(part, identity, sampled)
         body += [_LENGTH.pack(size), *chunks]
-    return b"".join(body)
+    return body
 
 
 class ReceivedPart:
@@ -168,17 +164,12 @@ class ReceivedPart:
         return line
 
 
-def decode_part(data: bytes, expect: Mapping[str, str | int]) -> ReceivedPart:
-    """The part :func:`encode_part` gave ``data`` of. Raises :class:`PartFormatError` unless
-    it is this format and version, in this byte order, consistent, and its header has every
-    field of ``expect`` as given (a part for another run, unit or group is refused)."""
-    return _decode(data, 0, len(data), expect)
-
-
-def decode_parts(data: bytes, expect: Mapping[str, str | int]) -> list[ReceivedPart]:
-    """The parts :func:`encode_parts` gave ``data`` of, each checked as by :func:`decode_part`."""
+def decode_parts(data: bytes, expect: Mapping[str, str | int], at: int = 0) -> list[ReceivedPart]:
+    """The parts :func:`encode_parts` gave ``data`` (from offset ``at``: no copy of a large
+    answer's tail) of. Raises :class:`PartFormatError` unless each is this format and
+    version, in this byte order, consistent, and its header has every field of ``expect`` as
+    given (a part for another run, unit or group is refused)."""
     parts: list[ReceivedPart] = []
-    at = 0
     while at < len(data):
         start = at + _LENGTH.size
         size = _LENGTH.unpack_from(data, at)[0] if start <= len(data) else None
@@ -273,9 +264,11 @@ def _header(data: bytes, start: int, end: int, expect: Mapping[str, str | int]) 
 def encode_answer(
     positions: Mapping[str, int], parts: Iterable[tuple[str, Part, Mapping[str, str | int]]]
 ) -> bytes:
+    """A processor's answer (:data:`PART_LIST_TYPE`): the positions of its units, then its
+    parts, each identified by its unit; one copy of everything (the parts can be ~100 MB)."""
     head = orjson.dumps({"units": dict(positions)}, option=orjson.OPT_APPEND_NEWLINE)
-    body = encode_parts([(part, {**identity, "unit": unit}) for unit, part, identity in parts])
-    return head + body
+    body = _body([(part, {**identity, "unit": unit}) for unit, part, identity in parts])
+    return b"".join([head, *body])
 
 
 def decode_answer(
@@ -292,5 +285,5 @@ def decode_answer(
         isinstance(k, str) and type(v) is int for k, v in units.items()
     ):
         raise PartFormatError(f"not a {FORMAT} answer: it starts {data[:40]!r}")
-    parts = decode_parts(data[end + 1 :], expect)
+    parts = decode_parts(data, expect, end + 1)
     return units, {str(p.header["unit"]): p for p in parts}

@@ -34,6 +34,7 @@ from processors.runs import (
     PartView,
     Run,
     Unit,
+    checked_row,
     merge_parts,
     tasks_by_part,
 )
@@ -45,6 +46,7 @@ from rewardstream.contract import (
     RunStarted,
     decode_control,
     decode_input,
+    decode_inputs,
     decode_rollout,
     decode_rollouts,
     reject_reason,
@@ -262,6 +264,41 @@ class Pipeline:
         run = self.run(run_id)
         run.seen = time.monotonic()
         return run
+
+    def handle_inputs(
+        self, raws: Sequence[bytes], unit: str, first: int | None = None
+    ) -> list[Run] | None:
+        """Apply a batch of input events from ``unit`` as :meth:`handle_rollouts` applies
+        rollouts: decoded in one go, every row checked (:func:`checked_row`) before any is
+        applied; None, having applied nothing, when an event needs :meth:`handle` (one to
+        reject, or of a run that has its terminal record)."""
+        limit = self.max_event_bytes
+        if limit is not None and max(map(len, raws), default=0) > limit:
+            return None
+        events = decode_inputs(raws)
+        if events is None:
+            return None
+        try:
+            checked = [checked_row(event.row) for event in events]
+        except RewardstreamError:
+            return None
+        runs = self.runs
+        if any((r := runs.get(event.run_id)) is not None and r.terminal for event in events):
+            return None
+        parts: dict[str, Part] = {}
+        duplicates = 0
+        for event, row in zip(events, checked, strict=True):
+            part = parts.get(event.run_id)
+            if part is None:
+                part = parts[event.run_id] = self._part(unit, event.run_id, first)
+            duplicates += not part.add_input(event, row)
+        if duplicates and self.metrics:
+            self.metrics.duplicate("input", duplicates)
+        now = time.monotonic()
+        touched = [self.run(run_id) for run_id in parts]
+        for run in touched:
+            run.seen = now
+        return touched
 
     def _after_final(
         self, run_id: str, kind: EventKind, raw: bytes, unit: str, offset: int | None

@@ -27,17 +27,18 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import orjson
 
-from processors.state import LOCATOR_BITS, InfoBytes, ProfileState, row_key
+from processors.state import LOCATOR_BITS, InfoBytes, ProfileState, row_key, row_names
 from processors.welford import RunningStats
 from rewardstream.contract import Input, Rollout, RunStarted
 from rewardstream.errors import InvalidRow
 
 __all__ = [
+    "CheckedRow",
     "Counts",
     "Done",
     "Final",
@@ -48,6 +49,7 @@ __all__ = [
     "Run",
     "Spill",
     "Unit",
+    "checked_row",
     "merge_parts",
     "tasks_by_part",
 ]
@@ -116,6 +118,26 @@ class Spill:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class CheckedRow(NamedTuple):
+    """A materialized row found good: its key, its names and its ``sample`` line."""
+
+    key: tuple[int, int]
+    names: tuple[str | None, str | None]
+    sample: bytes
+
+
+def checked_row(row: dict[str, Any]) -> CheckedRow:
+    """``row`` checked as :meth:`ProfileState.add_input` checks it, with the ``sample`` line
+    the profile writes for it; raises :class:`InvalidRow` (or :class:`MissingKey`)."""
+    key = row_key(row)
+    sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
+    try:
+        line = orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
+        raise InvalidRow(f"the row cannot be written back as JSON: {exc}") from None
+    return CheckedRow(key, row_names(row), line)
 
 
 class _KeySet:
@@ -233,22 +255,19 @@ class Part:
         self.spill = None
         self._spill_path.unlink(missing_ok=True)
 
-    def add_input(self, event: Input) -> bool:
+    def add_input(self, event: Input, checked: CheckedRow | None = None) -> bool:
         """Record one materialized row; False when it was seen before. A bad row raises
-        :class:`InvalidRow` and leaves its key unseen (a good copy may still come)."""
-        row = event.row
-        key = row_key(row)
+        :class:`InvalidRow` and leaves its key unseen (a good copy may still come); a row
+        ``checked`` already (:func:`checked_row`) cannot be bad."""
+        key = checked.key if checked is not None else row_key(event.row)
         if key in self._keys:
             self.duplicates += 1
             return False
-        sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
-        try:
-            line = orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE)
-        except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
-            raise InvalidRow(f"the row cannot be written back as JSON: {exc}") from None
+        if checked is None:
+            checked = checked_row(event.row)
         spill = self._spill()
-        self.state.add_input(row, spill.size, event.line, key)  # validates first: then record
-        spill.append(line)
+        self.state.add_input(event.row, spill.size, event.line, key, checked.names)
+        spill.append(checked.sample)
         self._keys.add(*key)
         return True
 

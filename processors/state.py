@@ -133,17 +133,22 @@ class ProfileState:
         return ident
 
     def add_input(
-        self, row: dict[str, Any], locator: int, order: int, key: tuple[int, int] | None = None
+        self,
+        row: dict[str, Any],
+        locator: int,
+        order: int,
+        key: tuple[int, int] | None = None,
+        names: tuple[str | None, str | None] | None = None,
     ) -> None:
         """Record one materialized row; ``locator`` lets the sink read its ``sample`` back.
 
         ``order`` is the row's position in the inputs file (its line, or byte offset): rows may
         arrive in any order (several partitions), but the profile reads them in file order.
-        ``key`` is ``row_key(row)`` when the caller has it already. A bad row raises
-        :class:`InvalidRow` before anything is recorded.
+        ``key`` and ``names`` are ``row_key(row)`` and ``row_names(row)`` when the caller has
+        them already. A bad row raises :class:`InvalidRow` before anything is recorded.
         """
         task, rollout = key or row_key(row)
-        agent, server = row_names(row)
+        agent, server = names or row_names(row)
         self.in_task.append(task)
         self.in_rollout.append(rollout)
         self.in_agent.append(self._name_id(agent))

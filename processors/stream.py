@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -618,6 +619,19 @@ class StreamProcessor:
         finally:
             self._finishing.discard(run.run_id)
 
+    def _terminal_record(self, run: Run, **fields: Any) -> FinalRecord:
+        """A terminal record (``fields``: its state, stem, counts, units) of ``run``, written
+        by this member of this group and prefix, now."""
+        return FinalRecord(
+            prefix=self.prefix,
+            group=self.group_id,
+            run_id=run.run_id,
+            expected=run.expected,
+            written_by=self.member,
+            at=time.time(),
+            **fields,
+        )
+
     async def _finish(self, run: Run) -> None:
         received, offsets = await self.gather(run.run_id, run.finish_at)
         if run.terminal is not None:
@@ -636,16 +650,13 @@ class StreamProcessor:
             return
         del merged
         counts = Pipeline.counts_by_unit(parts)
-        record = FinalRecord(
-            prefix=self.prefix,
-            group=self.group_id,
-            run_id=run.run_id,
+        record = self._terminal_record(
+            run,
             state="final",
             stem=stem,
             partial=partial,
             inputs=sum(c.inputs for c in counts.values()),
             rollouts=sum(c.rollouts for c in counts.values()),
-            expected=run.expected,
             units={
                 n: UnitFinal(
                     inputs=c.inputs,
@@ -656,8 +667,6 @@ class StreamProcessor:
                 )
                 for n, c in counts.items()
             },
-            written_by=self.member,
-            at=time.time(),
         )
         standing = await publish_final(
             self.bootstrap, self.security, self.engine_topics, record, list(paths)
@@ -719,22 +728,17 @@ class StreamProcessor:
                 self.evict_after,
                 run.rollouts,
             )
-            record = FinalRecord(
-                prefix=self.prefix,
-                group=self.group_id,
-                run_id=run.run_id,
+            record = self._terminal_record(
+                run,
                 state="evicted",
                 stem=run.started.output_stem if run.started else "rollouts",
                 partial=True,
                 inputs=run.inputs,
                 rollouts=run.rollouts,
-                expected=run.expected,
                 units={
                     n: UnitFinal(inputs=0, rollouts=0, duplicates=0, tasks=0, cut=p)
                     for n, p in self.pipeline.positions().items()
                 },
-                written_by=self.member,
-                at=time.time(),
             )
             self._finishing.add(run.run_id)
             try:
@@ -843,12 +847,11 @@ class StreamProcessor:
             if unit is None or generation != self._generation:
                 return
             part = records[start : start + _SLICE]
-            runs = None
-            if kind == "rollout":
-                runs = self.pipeline.handle_rollouts(
-                    [r.value or b"" for r in part], name, part[0].offset
-                )
-            if runs is None:  # inputs, or a slice with an event to reject (named by self._at)
+            batch = (
+                self.pipeline.handle_rollouts if kind == "rollout" else self.pipeline.handle_inputs
+            )
+            runs = batch([r.value or b"" for r in part], name, part[0].offset)
+            if runs is None:  # a slice with an event to reject (named by self._at), one by one
                 for record in part:
                     self._at = record
                     self.pipeline.handle(kind, record.value or b"", name, record.offset)

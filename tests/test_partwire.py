@@ -19,9 +19,7 @@ from processors.partwire import (
     VERSION,
     PartFormatError,
     ReceivedPart,
-    decode_part,
     decode_parts,
-    encode_part,
     encode_parts,
 )
 from processors.profile import build_profile
@@ -74,6 +72,16 @@ def collections(draw: st.DrawFn) -> tuple[list[Input], list[Rollout]]:
     return inputs, rollouts
 
 
+_FRAME = 8  # the length before each part of a body
+
+
+def _one(
+    part: Part, identity: Mapping[str, str | int], expect: Mapping[str, str | int]
+) -> ReceivedPart:
+    """``part`` sent alone (every sample row goes: no results beside it) and received."""
+    return decode_parts(encode_parts([(part, identity)]), expect)[0]
+
+
 def _parts(folder: Path, inputs: list[Input], rollouts: list[Rollout], units: int) -> list[Part]:
     """The events spread over ``units`` input and as many rollout parts, a task per unit."""
     ins = [Part(folder / f"input-{i}.spill") for i in range(units)]
@@ -102,7 +110,7 @@ def test_decoded_parts_merge_into_the_same_profile(
     with tempfile.TemporaryDirectory() as tmp, mock.patch.object(runs, "_INFO_CHUNK", chunk):
         folder = Path(tmp)
         parts = _parts(folder, *events, units)
-        one = [decode_part(encode_part(p, {**ME, "unit": i}), ME) for i, p in enumerate(parts)]
+        one = [_one(p, {**ME, "unit": i}, ME) for i, p in enumerate(parts)]  # none filtered
         body = encode_parts([(p, {**ME, "unit": i}) for i, p in enumerate(parts)])
         many = decode_parts(body, ME)
         assert [r.header["unit"] for r in many] == list(range(len(parts)))
@@ -133,7 +141,7 @@ def test_a_decoded_state_is_whole_and_its_indices_are_rebuilt(
         [Rollout(run_id="r", task=0, rollout=0, agent="a", record=record, published_at=0.0)]
     )
     assert part.state.info_taken
-    state = decode_part(encode_part(part, {}), {}).state
+    state = _one(part, {}, {}).state
     state.add_record(1, 0, record, "a")  # dedupes against the decoded names and schemas
     assert (state.names, len(state.schemas), state.num_results) == (["a"], 1, 2)
     assert state.live()["a"].rollouts == 2
@@ -151,7 +159,7 @@ def test_the_owner_keeps_ingesting_after_an_encode(tmp_path: Path) -> None:
         rollouts.add_rollouts(
             [Rollout(run_id="r", task=task, rollout=0, agent="a", record=record, published_at=0.0)]
         )
-        sent += [decode_part(encode_part(part, {}), {}) for part in (inputs, rollouts)]
+        sent += [_one(part, {}, {}) for part in (inputs, rollouts)]
     assert [r.state.num_inputs for r in sent[::2]] == list(range(1, 51))
     assert sent[0].state.num_inputs == 1 and inputs.state.num_inputs == 50
     reader = sent[-2].sample_reader()
@@ -195,7 +203,7 @@ def wire(tmp_path: Path) -> bytes:
     part = Part(tmp_path / "input-0.spill")
     for task in range(3):
         part.add_input(Input(run_id="r", line=task, row=_row(task, 0, "a", {"q": task})))
-    return encode_part(part, ME)
+    return encode_parts([(part, ME)])[_FRAME:]  # one part, without its length
 
 
 def _edited(data: bytes, **fields: Any) -> bytes:
@@ -205,7 +213,7 @@ def _edited(data: bytes, **fields: Any) -> bytes:
 
 def _refused(data: bytes, expect: Mapping[str, str | int] = ME) -> str:
     with pytest.raises(PartFormatError) as info:
-        decode_part(data, expect)
+        decode_parts(len(data).to_bytes(_FRAME, "big") + data, expect)
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -248,11 +256,11 @@ def test_inconsistent_columns_are_refused(tmp_path: Path) -> None:
     part = Part(tmp_path / "input-0.spill")
     part.add_input(Input(run_id="r", line=0, row=_row(0, 0, "a", {"q": 0})))
     part.state.in_task.append(1)  # one task more than rows
-    message = _refused(encode_part(part, ME))
+    message = _refused(encode_parts([(part, ME)])[_FRAME:])
     assert message.startswith("the part's state is unusable: inconsistent columns")
     assert message.endswith("'in_rollout' holds 1 of the state's 2 inputs")
 
 
 def test_identity_fields_cannot_shadow_the_header(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="inputs"):
-        encode_part(Part(tmp_path / "p"), {"inputs": 3})
+        encode_parts([(Part(tmp_path / "p"), {"inputs": 3})])

@@ -50,27 +50,30 @@ def test_events_in_any_order_give_the_golden_files(case: GoldenCase, tmp_path: P
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_rollouts_in_batches_give_the_golden_files(case: GoldenCase, tmp_path: Path) -> None:
+def test_events_in_batches_give_the_golden_files(case: GoldenCase, tmp_path: Path) -> None:
     partial = case.name.endswith("+allow_partial")
     events = golden_events(case, "run-1", finish=partial)
-    rollouts = [raw for kind, raw in events if kind == "rollout"]
-    rollouts += rollouts[:5]  # redelivered: counted once
-    rng = random.Random(3)
+    rng, again = random.Random(3), 0
     with Pipeline(tmp_path) as pipeline:
-        for kind, raw in events:
-            if kind == "input":
-                pipeline.handle(kind, raw, "input-0")
-        start = 0
-        while start < len(rollouts):
-            size = rng.randint(1, 40)
-            runs = pipeline.handle_rollouts(rollouts[start : start + size], "rollout-0")
-            assert runs is not None and [r.run_id for r in runs] == ["run-1"]
-            start += size
+        for kind, batch in (
+            ("input", pipeline.handle_inputs),
+            ("rollout", pipeline.handle_rollouts),
+        ):
+            raws = [raw for k, raw in events if k == kind]
+            again += len(raws[:5])
+            raws += raws[:5]  # redelivered: counted once
+            start = 0
+            while start < len(raws):
+                size = rng.randint(1, 40)
+                runs = batch(raws[start : start + size], f"{kind}-0")
+                assert runs is not None and [r.run_id for r in runs] == ["run-1"]
+                start += size
         for kind, raw in events:
             if kind == "control":
                 pipeline.handle(kind, raw)
         finish(pipeline, pipeline.runs["run-1"])
     _assert_golden_files(pipeline, case, tmp_path / "run-1")
+    assert pipeline.runs["run-1"].duplicates == again
 
 
 def test_a_batch_with_an_event_to_reject_or_rewrite_applies_nothing(tmp_path: Path) -> None:
@@ -84,6 +87,25 @@ def test_a_batch_with_an_event_to_reject_or_rewrite_applies_nothing(tmp_path: Pa
         assert runs is not None and runs[0].rollouts == 2
         assert pipeline.handle("rollout", spaced, "rollout-0") is not None  # one by one: kept
         assert runs[0].rollouts == 2 and runs[0].duplicates == 1
+
+
+def test_a_batch_of_inputs_with_one_to_reject_applies_nothing(tmp_path: Path) -> None:
+    inputs = [raw for kind, raw in _collection(tmp_path) if kind == "input"][:10]
+    nested = b"[" * 300 + b"0" + b"]" * 300  # orjson reads it, but writes 254 levels at most
+    deep = inputs[5].replace(b'"row":{', b'"row":{"x":%b,' % nested)
+    no_key = inputs[1].replace(b'"_ng_task_index"', b'"_ng_task"')
+    rejected: list[Rejected] = []
+    limit = max(map(len, inputs)) + 1000
+    with Pipeline(tmp_path / "out", rejected.append, max_event_bytes=limit) as pipeline:
+        for odd in (b"not json", b"", deep, no_key, inputs[2] + b" " * 4096, b"1,2"):
+            assert pipeline.handle_inputs([inputs[0], odd], "input-0") is None
+            assert "run" not in pipeline.runs
+        runs = pipeline.handle_inputs(inputs[:2], "input-0")
+        assert runs is not None and runs[0].inputs == 2
+        assert pipeline.handle("input", deep, "input-0") is None  # one by one: rejected
+        assert pipeline.handle_inputs(inputs[:3], "input-0") is not None
+        assert (runs[0].inputs, runs[0].duplicates) == (3, 2)
+    assert ["cannot be written back as JSON" in r.detail for r in rejected] == [True]
 
 
 def test_bad_events_are_rejected_with_reason(tmp_path: Path) -> None:
