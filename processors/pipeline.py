@@ -272,8 +272,7 @@ class Pipeline:
         rollouts: decoded in one go, every row checked (:func:`checked_row`) before any is
         applied; None, having applied nothing, when an event needs :meth:`handle` (one to
         reject, or of a run that has its terminal record)."""
-        limit = self.max_event_bytes
-        if limit is not None and max(map(len, raws), default=0) > limit:
+        if self._oversized(raws):
             return None
         events = decode_inputs(raws)
         if events is None:
@@ -328,8 +327,7 @@ class Pipeline:
         touched, or None, having applied nothing, when any event needs :meth:`handle`'s
         one-by-one path (one that is rejected, or whose ``info`` is not written as orjson
         writes it, or one of a run that has its final record)."""
-        limit = self.max_event_bytes
-        if limit is not None and max(map(len, raws), default=0) > limit:
+        if self._oversized(raws):
             return None
         events = decode_rollouts(raws)
         if events is None:
@@ -339,6 +337,11 @@ class Pipeline:
         if any((r := runs.get(run_id)) is not None and r.terminal for run_id in by_run):
             return None
         return self._fold(unit, by_run, first)
+
+    def _oversized(self, raws: Sequence[bytes]) -> bool:
+        """A batch holds an event over ``max_event_bytes`` (:meth:`handle` rejects it)."""
+        limit = self.max_event_bytes
+        return limit is not None and max(map(len, raws), default=0) > limit
 
     def _fold(self, unit: str, by_run: dict[str, list[Rollout]], first: int | None) -> list[Run]:
         """Add decoded rollouts, by run, to their runs' parts (dropping those seen before)."""
