@@ -684,8 +684,8 @@ class Trial:
         members = self.live_members()
         return {
             "rollouts": max((self.count(p, "rollouts") for p in members), default=0),
-            "duplicates": sum(self.count(p, "duplicates") for p in members),
-            "replays": sum(self.count(p, "replays") for p in members),
+            "duplicates": sum(self.count(p, "duplicates_dropped") for p in members),
+            "replays": sum(self.count(p, "replays_skipped") for p in members),
         }
 
     def final(self) -> FinalRecord | None:

@@ -279,7 +279,9 @@ class Checker:
         if tasks != list(range(plan.tasks)) or data.count(full) != plan.tasks:
             raise SoakError(f"{run_id}: the final profile lacks tasks or rollouts")
         seen = _runs(self.processor).get(run_id, {})
-        counts = [seen.get(x) for x in ("rollouts", "inputs", "expected_rollouts", "duplicates")]
+        counts = [
+            seen.get(x) for x in ("rollouts", "inputs", "expected_rollouts", "duplicates_dropped")
+        ]
         if counts != [plan.per_run, plan.per_run, plan.per_run, 0]:
             raise SoakError(f"{run_id}: the processor reports {seen}")
         if k not in plan.compare:

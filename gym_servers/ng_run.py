@@ -7,7 +7,8 @@ host ``127.0.0.1`` and a free port in [10001, 20000] unless it names one, and is
 ``entrypoint`` ending in ``.py`` is run as a file, relative to its config file). A head server
 (``head_server.{host,port}``, default 127.0.0.1:11000) lists them on ``/server_instances`` and
 serves the merged config, secrets redacted, on ``/global_config_dict_yaml``. Once every server
-answers its health check, one line says so; Ctrl-C or SIGTERM stops them all.
+answers its health check, one line says so; Ctrl-C or SIGTERM stops them all. A value that
+cannot be used (a port that is no number, a reference to itself) is one line naming its key.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from gym_servers.base import (
     redacted,
     server_specs,
 )
-from rewardstream.errors import InputError, RewardstreamError
+from rewardstream.command import override_command
+from rewardstream.errors import InputError
 from rewardstream.overrides import parse_overrides
 
 __all__ = ["BUNDLED_CONFIG", "ServerGroup", "load_config", "main"]
@@ -47,6 +49,30 @@ DEFAULT_HEAD = {"host": DEFAULT_HOST, "port": 11000}
 PORT_RANGE = (10001, 20000)
 _REF = re.compile(r"^\$\{([\w.]+)\}$")
 _CONFIG_DIR_KEY = "_config_dir"  # where a server's .py entrypoint is looked up
+_USAGE = f"""\
+usage: ng_run "+config_paths=[config.yaml,...]" [+key=value ...]
+
+Start the servers of a NeMo Gym config, each as a process on 127.0.0.1 and a free port, and a
+head server listing them (/server_instances); Ctrl-C or SIGTERM stops them all.
+
+overrides (+key=value, ++key=value or key=value; dotted keys nest; ${{key}} is key's value):
+  +config_paths=[PATH,...]       (required) the YAML configs, merged in order
+  +head_server.host=HOST         the head server's address ({DEFAULT_HEAD["host"]})
+  +head_server.port=PORT         its port ({DEFAULT_HEAD["port"]})
+  +policy_base_url=URL           bundled config: proxy this OpenAI-compatible endpoint
+                                 instead of the simulated policy (null: simulated)
+  +policy_api_key=KEY            bundled config: the endpoint's API key (never shown)
+  +policy_model_name=NAME        bundled config: the model asked for (simulated-policy)
+  +NAME.TYPE.IMPL.host=HOST      a server's address ({DEFAULT_HOST})
+  +NAME.TYPE.IMPL.port=PORT      a server's port (default: free, {PORT_RANGE[0]}-{PORT_RANGE[1]})
+  +NAME.TYPE.IMPL.entrypoint=M   the module to run (a .py file: relative to its config)
+  +KEY=VALUE                     any other key of the merged config
+
+options:
+  -h, --help                     show this help and exit
+  --version                      show the version and exit
+
+bundled config: {BUNDLED_CONFIG}"""
 
 
 def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,18 +93,65 @@ def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def _resolve(config: Mapping[str, Any], node: Any, path: str) -> Any:
+def _resolve(config: Mapping[str, Any], node: Any, path: str, refs: tuple[str, ...] = ()) -> Any:
+    """``node`` with its ``${key}`` references replaced; ``refs``: the chain followed to it,
+    so a cycle (``+a=${a}``) is an error, not a recursion without end."""
     if isinstance(node, dict):
-        return {k: _resolve(config, v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+        return {
+            k: _resolve(config, v, f"{path}.{k}" if path else str(k), refs) for k, v in node.items()
+        }
     if isinstance(node, list):
-        return [_resolve(config, v, f"{path}[{i}]") for i, v in enumerate(node)]
+        return [_resolve(config, v, f"{path}[{i}]", refs) for i, v in enumerate(node)]
     if isinstance(node, str):
         if node == "???":
             raise InputError(f"config key {path!r} is required (still '???')")
         m = _REF.match(node)
         if m:
-            return _resolve(config, _lookup(config, m.group(1)), path)
+            if m.group(1) in refs:
+                chain = " -> ".join(f"${{{r}}}" for r in (*refs, m.group(1)))
+                raise InputError(f"config key {path!r} refers to itself: {chain}")
+            return _resolve(config, _lookup(config, m.group(1)), path, (*refs, m.group(1)))
     return node
+
+
+def _port(value: Any, key: str, free: bool) -> int | None:
+    """A port from the config: an integer (digits in a string too) in 1-65535; ``free``: null
+    or 0 means "pick one"."""
+    if free and value in (None, 0, ""):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise InputError(f"invalid {key}={value!r}: expected a port number (1-65535)")
+    return value
+
+
+def _host(value: Any, key: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"invalid {key}={value!r}: expected a host name or address")
+    return value
+
+
+def _check_addresses(config: dict[str, Any]) -> None:
+    """Check (and type) every host and port ng_run reads, naming the key at fault: a bad one
+    would otherwise fail deep inside start-up, as a traceback."""
+    head = config.get("head_server")
+    if head is None:
+        head = {}
+    if not isinstance(head, dict):
+        raise InputError(f"invalid head_server={head!r}: expected a mapping with host and port")
+    if "port" in head:
+        head["port"] = _port(head["port"], "head_server.port", free=False)
+    if "host" in head:
+        _host(head["host"], "head_server.host")
+    for spec in server_specs(config):
+        where = f"{spec.name}.{spec.server_type}.{spec.impl}"
+        if not isinstance(spec.config, dict):
+            raise InputError(f"invalid {where}={spec.config!r}: expected a server's mapping")
+        if "port" in spec.config:
+            spec.config["port"] = _port(spec.config["port"], f"{where}.port", free=True)
+        if "host" in spec.config:
+            _host(spec.config["host"], f"{where}.host")
 
 
 def load_config(tokens: Sequence[str]) -> dict[str, Any]:
@@ -89,6 +162,8 @@ def load_config(tokens: Sequence[str]) -> dict[str, Any]:
         paths = [paths]
     if not paths:
         raise InputError("no config given: pass +config_paths=[path/to/config.yaml,...]")
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise InputError(f"invalid config_paths={paths!r}: expected [path/to/config.yaml,...]")
     config: dict[str, Any] = {}
     for path in paths:
         try:
@@ -106,6 +181,7 @@ def load_config(tokens: Sequence[str]) -> dict[str, Any]:
     resolved: dict[str, Any] = _resolve(config, config, "")
     if not server_specs(resolved):
         raise InputError(f"no servers in {', '.join(map(str, paths))}")
+    _check_addresses(resolved)
     return resolved
 
 
@@ -273,17 +349,11 @@ async def _serve(config: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("-h", "--help"):
-        print('usage: ng_run "+config_paths=[config.yaml,...]" [+head_server.port=N] [+key=value]')
-        print(f"bundled config: {BUNDLED_CONFIG}")
-        return 0
-    try:
+    def serve(args: list[str]) -> int:
         asyncio.run(_serve(load_config(args)))
-    except RewardstreamError as exc:
-        print(f"ng_run: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return override_command("ng_run", lambda: _USAGE, argv, serve)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ response body as they render (the server never writes where a client asks).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable
 from typing import Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -20,11 +22,13 @@ from processors.partwire import PART_LIST_TYPE, encode_answer
 from processors.pipeline import Pipeline
 from processors.runs import PartView
 from processors.snapshot import SnapshotJob
-from rewardstream.errors import RewardstreamError
+from rewardstream.errors import InputError, RewardstreamError
 from sinks.files import ProfilePaths
 from sinks.snapshot_wire import MEDIA_TYPE, SnapshotError
 
 __all__ = ["Peers", "make_app", "serve"]
+
+log = logging.getLogger(__name__)
 
 
 MAX_BODY_BYTES = 1 << 20
@@ -75,8 +79,11 @@ def make_app(
                     "finished": t.finished,
                     "done": t.done,
                     "state": _state(t.terminal is not None and t.terminal.evicted, t.done),
-                    "duplicates": t.duplicates,
-                    "replays": t.replays,
+                    # events seen before (a resumed or re-run collection, a redelivery):
+                    # each counted once, these copies ignored; not an error
+                    "duplicates_dropped": t.duplicates,
+                    # events a final record covers, read again after a restart
+                    "replays_skipped": t.replays,
                 }
                 for t in pipeline.runs.values()
             ]
@@ -124,11 +131,14 @@ def make_app(
             except SnapshotError as exc:
                 raise web.HTTPConflict(text=str(exc)) from None
             response = web.StreamResponse(headers={"Content-Type": MEDIA_TYPE})
-            await response.prepare(request)
-            await response.write(head)
-            async for chunk in stream:
-                await response.write(chunk)
-            await response.write_eof()
+            try:
+                await response.prepare(request)
+                await response.write(head)
+                async for chunk in stream:
+                    await response.write(chunk)
+                await response.write_eof()
+            except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
+                log.info("snapshot of run %s: the client went away", run_id)
         finally:
             await stream.aclose()  # a client gone mid-stream: stop the children now
         return response
@@ -146,13 +156,35 @@ def _state(evicted: bool, done: bool) -> str:
     return "evicted" if evicted else "final" if done else "open"
 
 
+class _ClientFaults(logging.Filter):
+    """aiohttp logs a traceback at ERROR for every request a client botches (malformed, cut
+    off): one INFO line says as much, and the log keeps its tracebacks for real faults."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fault = record.exc_info[1] if record.exc_info else None
+        if isinstance(fault, HttpProcessingError | ConnectionResetError):
+            detail = " ".join(str(fault).split())
+            record.msg, record.args = f"{record.getMessage()}: {type(fault).__name__} {detail}", ()
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_CLIENT_FAULTS = _ClientFaults()
+
+
 async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start serving ``app`` (port 0: a free one); returns the runner (stop it with ``await
     runner.cleanup()``) and the port bound."""
+    logging.getLogger("aiohttp.server").addFilter(_CLIENT_FAULTS)  # once: the same filter
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:  # a busy port, an address not on this host
+        await runner.cleanup()
+        raise InputError(f"--http {host}:{port}: {exc.strerror or exc}") from None
     server = site._server
     sockets = getattr(server, "sockets", None) or []
     bound = sockets[0].getsockname()[1] if sockets else port

@@ -31,7 +31,7 @@ def finish(pipeline: Pipeline, run: Run) -> ProfilePaths | None:
     paths = pipeline.paths(run)
     parts: dict[str, PartView] = dict(run.parts)
     merged = merge_parts(parts[n] for n in sorted(parts))
-    run.error = write_final(run.run_id, merged, paths, not run.complete, run.expected)
+    run.failed(write_final(run.run_id, merged, paths, not run.complete, run.expected))
     if run.error is not None:  # say so, keep serving
         return None
     cuts = {n: u.position for n, u in pipeline.units.items()}
@@ -61,5 +61,6 @@ def stream_files(inputs: Path, rollouts: Path, output_dir: Path, run_id: str) ->
         assert run is not None
         paths = finish(pipeline, run)
         if paths is None:
-            raise InputError(f"run {run_id}: no profile written: {run.error}")
+            why = run.error or f"{run.rollouts} of {run.expected} rollouts, not finished"
+            raise InputError(f"run {run_id}: no profile written: {why}")
         return paths

@@ -383,8 +383,9 @@ class Pipeline:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def ready(self, run: Run) -> bool:
-        """Complete, or finished and every unit consumed to where the log ended then."""
-        if run.terminal is not None:
+        """Complete, or finished and every unit consumed to where the log ended then (and not
+        failed on the very events it holds now)."""
+        if run.terminal is not None or not run.retry:
             return False
         if run.complete:
             return True

@@ -90,7 +90,10 @@ class Spill:
         with memoryview(self._pending) as pending:
             done = 0
             while done < len(pending):
-                done += os.pwrite(self._fd, pending[done:], self._written + done)
+                try:
+                    done += os.pwrite(self._fd, pending[done:], self._written + done)
+                except OSError as exc:  # the state folder full: say which file
+                    raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         self._written += done
         self._pending.clear()
 
@@ -370,13 +373,25 @@ class Run:
         self.terminal: Done | None = None  # its final (or evicted) record, once known
         self.replays = 0  # events read again after a restart that its final profile holds
         self.seen = time.monotonic()  # when this process last heard of the run
-        self.error: str | None = None
+        self.error: str | None = None  # why its final profile could not be built
+        self._failed_at: tuple[int, int] | None = None  # (inputs, rollouts) when it failed
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
         self.foreign: dict[str, Counts] = {}  # unit name -> counts, units other processors own
 
     @property
     def expected(self) -> int | None:
         return self.started.expected_rollouts if self.started else None
+
+    def failed(self, error: str | None) -> None:
+        """Keep why the final profile could not be built (None: it was); it is tried again
+        only once more events have come (:attr:`retry`), not with every batch."""
+        self.error = error
+        self._failed_at = None if error is None else (self.inputs, self.rollouts)
+
+    @property
+    def retry(self) -> bool:
+        """No failed attempt, or events have come since the last one."""
+        return self._failed_at is None or self._failed_at != (self.inputs, self.rollouts)
 
     @property
     def done(self) -> bool:

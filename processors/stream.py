@@ -143,6 +143,7 @@ class StreamProcessor:
         self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
         self._parking = 0  # dead letters sent but not yet acknowledged
         self._at: ConsumerRecord | None = None  # the record being handled, for dead letters
+        self._quiet_start = _QuietStart()
         self._data: AIOKafkaConsumer | None = None
         self._kinds: dict[str, EventKind] = {
             self.topics.inputs: "input",
@@ -162,6 +163,7 @@ class StreamProcessor:
         self._changed = True  # something a member record says changed since the last one
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # finals being written
+        self._stopped: asyncio.Future[None] | None = None  # failed with what stops it (run)
 
     def unit_name(self, tp: TopicPartition) -> str:
         return f"{self._kinds[tp.topic]}-{tp.partition}"
@@ -172,6 +174,7 @@ class StreamProcessor:
         (host, port; default 127.0.0.1 on a free port: peers ask every processor for parts)."""
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(_young_collections(_GC_YOUNG))
+            stack.enter_context(self._quiet_start)
             if self._own_state:
                 stack.callback(shutil.rmtree, self.state_dir, True)
             stack.callback(self.pipeline.close)
@@ -221,8 +224,11 @@ class StreamProcessor:
             stack.push_async_callback(self._leave, producer)
             stack.push_async_callback(self.commit)
             self._data = data
+            stack.push_async_callback(self._cancel_tasks)  # finals in flight: before the clients
             fetched: asyncio.Queue[tuple[int, Batch]] = asyncio.Queue(maxsize=1)
-            loops = [
+            self._stopped = asyncio.get_running_loop().create_future()
+            loops: list[asyncio.Future[None]] = [
+                self._stopped,
                 asyncio.create_task(self._fetch(data, fetched)),
                 asyncio.create_task(self._consume(fetched, producer, stop)),
                 asyncio.create_task(self._control(control, producer, stop)),
@@ -235,10 +241,21 @@ class StreamProcessor:
                 for task in loops:  # a loop that failed raises here
                     if task.done():
                         task.result()
+            except OSError as exc:
+                if exc.filename is None:  # not a file's: a bug or the network's, as it is
+                    raise
+                # the state folder full or gone: state is in Kafka, a restart rebuilds it
+                raise InputError(f"{exc.filename}: {exc.strerror}; stopping") from None
             finally:
                 for task in loops:
                     task.cancel()
                 await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _cancel_tasks(self) -> None:
+        """Stop the finals being written (another leader writes them) and wait for them."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _claim_output_dir(self) -> None:
         """``--output-dir`` mirrors one group's finals: a folder another group or prefix
@@ -616,6 +633,9 @@ class StreamProcessor:
             log.info("run %s: final profile waits: %s", run.run_id, exc)
         except KafkaError as exc:  # e.g. fenced: a newer leader finishes the run
             log.warning("run %s: final profile not written here: %r", run.run_id, exc)
+        except InputError as exc:  # its files cannot be written (the state folder full): stop
+            if self._stopped is not None and not self._stopped.done():
+                self._stopped.set_exception(InputError(f"run {run.run_id}: {exc}; stopping"))
         finally:
             self._finishing.discard(run.run_id)
 
@@ -645,7 +665,7 @@ class StreamProcessor:
         folder = self.state_dir / "finals" / run.run_id
         stem = run.started.output_stem if run.started else "rollouts"
         paths = ProfilePaths.next_to(folder / f"{stem}.jsonl")
-        run.error = write_final(run.run_id, merged, paths, partial, run.expected)
+        run.failed(write_final(run.run_id, merged, paths, partial, run.expected))
         if run.error is not None:  # say so, keep serving
             return
         del merged
@@ -683,10 +703,10 @@ class StreamProcessor:
             return
         stem = paths.reward_profiling.name.removesuffix("_reward_profiling.jsonl")
         target = ProfilePaths.next_to(self.output_dir / run_id / f"{stem}.jsonl")
-        target.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
         try:
+            target.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
             write_files([(t, _blocks(p)) for t, p in zip(target, paths, strict=True)])
-        except RewardstreamError as exc:
+        except (RewardstreamError, OSError) as exc:  # a mirror: never worth stopping for
             log.error(
                 "run %s: the final profile is in Kafka but not in %s: %s",
                 run_id,
@@ -910,6 +930,36 @@ def _young_collections(threshold: int) -> Iterator[None]:
         gc.set_threshold(*before)
 
 
+class _QuietStart(logging.Filter):
+    """aiokafka logs ERROR for what every healthy start goes through: topics the broker
+    creates on first use (``Topic ... not found in cluster metadata``) and a new group's
+    coordinator still loading (``GroupCoordinatorNotAvailableError``). Until the first
+    assignment (``started``) those lines are INFO; after it they are errors again. A context
+    manager that filters aiokafka's two loggers while it is entered."""
+
+    _LOGGERS = ("aiokafka.cluster", "aiokafka.consumer.group_coordinator")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.started and record.levelno == logging.ERROR:
+            text = record.getMessage()
+            if "not found in cluster metadata" in text or "CoordinatorNotAvailable" in text:
+                record.levelno, record.levelname = logging.INFO, "INFO"
+                record.msg, record.args = f"{text} (as expected while starting)", ()
+        return True
+
+    def __enter__(self) -> None:
+        for name in self._LOGGERS:
+            logging.getLogger(name).addFilter(self)
+
+    def __exit__(self, *_: object) -> None:
+        for name in self._LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     """Units follow their partitions: committed when revoked; kept when assigned back (their
     state is a fold of the log up to their position, whoever held them meanwhile), rebuilt
@@ -960,3 +1010,4 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
                 max(counts),
             )
         log.info("assigned %s; leader=%s", sorted(owned), pipeline.leader)
+        processor._quiet_start.started = True

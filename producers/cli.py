@@ -30,14 +30,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--inputs", required=True, type=Path, help="the *_materialized_inputs.jsonl")
     p.add_argument("--rollouts", required=True, type=Path, help="the rollouts .jsonl file")
-    p.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
+    p.add_argument(
+        "--bootstrap",
+        required=True,
+        type=kafka_options.bootstrap_arg,
+        help=kafka_options.BOOTSTRAP_HELP,
+    )
     p.add_argument(
         "--run-id",
         help="default: <rollouts stem>-<8 hex> naming this collection (from the inputs file's "
         "identity): the same for a republish of the same files or a resumed collection, new "
         "for a new collection written to the same path",
     )
-    p.add_argument("--topic-prefix", default="rewardstream")
+    p.add_argument(
+        "--topic-prefix",
+        default="rewardstream",
+        help="topics <prefix>.inputs, <prefix>.rollouts, <prefix>.control (rewardstream)",
+    )
     p.add_argument(
         "--follow",
         action="store_true",

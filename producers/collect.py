@@ -1,6 +1,6 @@
 r"""``ng_collect_rollouts``: POST every materialized row to its agent's ``/run`` (spec §1.3-1.7).
 
-    ng_collect_rollouts +agent_name=A +input_jsonl_fpath=I +output_jsonl_fpath=D/S.jsonl \
+    ng_collect_rollouts +input_jsonl_fpath=I +output_jsonl_fpath=D/S.jsonl [+agent_name=A] \
         [+num_repeats=N] [+num_samples_in_parallel=P] [+limit=L] [+num_repeats_add_seed=true] \
         [+resume_from_cache=true] [+responses_create_params.temperature=T] \
         [+kafka_bootstrap_servers=HOST:PORT [+kafka_wait_profile=true]]
@@ -31,14 +31,19 @@ for the processors' final profile and writes it next to the rollouts file, where
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import stat
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Coroutine, Iterator, Sequence
+from io import FileIO
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import orjson
 import uvloop
@@ -53,12 +58,12 @@ from producers.live import EventSink, KafkaSink
 from producers.materialize import MaterializeOptions, materialize, write_rows
 from producers.run_id import default_run_id
 from producers.wait import wait_profile
-from rewardstream.command import run_guarded
+from rewardstream.command import override_command
 from rewardstream.contract import BadEvent, RunFinished, RunStarted, Topics, checked, encode
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.jsonl import parse_line
 from rewardstream.overrides import parse_overrides
-from sinks.files import ProfilePaths, profile_lines
+from sinks.files import ProfilePaths, file_kind, profile_lines, write_files
 
 __all__ = ["CollectConfig", "CollectReport", "CollectionPaths", "collect", "main"]
 
@@ -182,38 +187,62 @@ def _agent(row: dict[str, Any]) -> str:
     return str(ref.get("name")) if isinstance(ref, dict) else ""
 
 
-def _repair_tail(path: Path) -> None:
-    """A final line cut short by a kill is dropped; a whole one without its newline gets one."""
-    with path.open("rb+") as fh:
-        size = fh.seek(0, os.SEEK_END)
-        if size == 0:
+class _Tail(NamedTuple):
+    """How a file's end must be repaired before appending (spec §1.7), decided by reading only:
+    a final line cut short by a kill is dropped (``keep`` < ``size``), a whole one without its
+    newline gets one."""
+
+    size: int
+    keep: int
+    newline: bool
+
+    @classmethod
+    def of(cls, path: Path) -> _Tail:
+        with path.open("rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size == 0:
+                return cls(0, 0, False)
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return cls(size, size, False)
+            back = min(size, 1 << 20)
+            while True:
+                fh.seek(size - back)
+                chunk = fh.read(back)
+                nl = chunk.rfind(b"\n")
+                if nl >= 0 or back == size:
+                    break
+                back = min(size, back * 4)
+            start = size - back + nl + 1
+            fh.seek(start)
+            try:
+                orjson.loads(fh.read())
+            except orjson.JSONDecodeError:
+                return cls(size, start, False)
+            return cls(size, size, True)
+
+    def repair(self, path: Path) -> None:
+        """Apply it: the only change a resume makes to what is already written."""
+        if self.keep == self.size and not self.newline:
             return
-        fh.seek(size - 1)
-        if fh.read(1) == b"\n":
-            return
-        back = min(size, 1 << 20)
-        while True:
-            fh.seek(size - back)
-            chunk = fh.read(back)
-            nl = chunk.rfind(b"\n")
-            if nl >= 0 or back == size:
-                break
-            back = min(size, back * 4)
-        start = size - back + nl + 1
-        fh.seek(start)
-        try:
-            orjson.loads(fh.read())
-        except orjson.JSONDecodeError:
-            fh.truncate(start)
-            print(f"Dropped a truncated final line of {path}", file=sys.stderr)
-        else:
-            fh.write(b"\n")
+        with path.open("rb+") as fh:
+            if self.keep < self.size:
+                fh.truncate(self.keep)
+                print(f"Dropped a truncated final line of {path}", file=sys.stderr)
+            else:
+                fh.seek(0, os.SEEK_END)
+                fh.write(b"\n")
 
 
-def _read_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of every non-blank line (resume skips blank lines, spec §1.7)."""
+def _read_rows(path: Path, end: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of every non-blank line (resume skips blank lines, spec §1.7) in the
+    first ``end`` bytes (a final line cut short is not read)."""
+    pos = 0
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
+            pos += len(raw)
+            if end is not None and pos > end:
+                return
             if raw.strip():
                 row = parse_line(raw, path, lineno)
                 if not isinstance(row, dict):
@@ -226,28 +255,34 @@ class _Plan(NamedTuple):
     todo: list[dict[str, Any]]  # the rows to run now, attempt indices stamped
     cached: list[tuple[int, dict[str, Any]]]  # results already in the rollouts file
     prior_failures: dict[Key, int]
+    tails: dict[Path, _Tail]  # resume: the repairs to make before appending
 
 
-def _fresh(cfg: CollectConfig, paths: CollectionPaths) -> _Plan:
+def _fresh(cfg: CollectConfig) -> _Plan:
+    """The rows of a new collection, in memory: nothing is written yet."""
     rows = materialize(cfg.input_jsonl_fpath, cfg)
+    return _Plan(rows, list(rows), [], {}, {})
+
+
+def _start_fresh(paths: CollectionPaths, rows: list[dict[str, Any]]) -> None:
+    """Replace the materialized inputs (atomically: a failed write leaves every old file as it
+    was), then clear what an earlier run left, as NeMo Gym does."""
+    write_rows(paths.inputs, rows)
     print("Clearing output fpath since `resume_from_cache=False`!", file=sys.stderr)
     for stale in (paths.rollouts, paths.failures, paths.aggregate):
         stale.unlink(missing_ok=True)
-    write_rows(paths.inputs, rows)
-    return _Plan(rows, list(rows), [], {})
 
 
 def _resumed(paths: CollectionPaths, attempts: int) -> _Plan:
-    for path in (paths.rollouts, paths.failures):
-        if path.exists():
-            _repair_tail(path)
+    """What is left to run, read from the files without changing them (see :class:`_Tail`)."""
+    tails = {p: _Tail.of(p) for p in (paths.rollouts, paths.failures) if p.exists()}
     rows = [row for _, row in _read_rows(paths.inputs)]
-    cached = list(_read_rows(paths.rollouts))
+    cached = list(_read_rows(paths.rollouts, tails[paths.rollouts].keep))
     done = {_key(r) for _, r in cached}
     failures: dict[Key, int] = defaultdict(int)
     terminal: set[Key] = set()
-    if paths.failures.exists():
-        for _, failure in _read_rows(paths.failures):
+    if paths.failures in tails:
+        for _, failure in _read_rows(paths.failures, tails[paths.failures].keep):
             failures[_key(failure)] += 1
             if failure.get("_ng_failure_terminal"):
                 terminal.add(_key(failure))
@@ -261,7 +296,102 @@ def _resumed(paths: CollectionPaths, attempts: int) -> _Plan:
         f"Resuming: {len(done)} rollouts cached, {len(todo)} of {len(rows)} rows to run",
         file=sys.stderr,
     )
-    return _Plan(rows, todo, cached, dict(failures))
+    return _Plan(rows, todo, cached, dict(failures), tails)
+
+
+def _check_outputs(cfg: CollectConfig, paths: CollectionPaths, resume: bool) -> None:
+    """Refuse, before anything is read back or written, outputs that cannot be written or
+    must not be replaced: a directory, device, FIFO or socket at an output path (replacing
+    it would destroy it), an output that is the input file, a folder that cannot be written."""
+    try:
+        source: os.stat_result | None = os.stat(cfg.input_jsonl_fpath)
+    except OSError:
+        source = None  # materialize() says why
+    for path in paths:
+        try:
+            st = os.stat(path)  # a symlink is judged by what it points to
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise InputError(f"Cannot write '{path}': {exc.strerror or exc}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(
+                f"Cannot write '{path}' (+output_jsonl_fpath={cfg.output_jsonl_fpath}): it is "
+                f"{file_kind(st.st_mode)}, not a regular file; refusing to replace it"
+            )
+        if source is not None and (st.st_dev, st.st_ino) == (source.st_dev, source.st_ino):
+            raise InputError(
+                f"Cannot write '{path}': it is the input file "
+                f"(+input_jsonl_fpath={cfg.input_jsonl_fpath}); choose another "
+                "+output_jsonl_fpath"
+            )
+        if resume and path in (paths.rollouts, paths.failures) and not os.access(path, os.W_OK):
+            raise InputError(f"Cannot write '{path}': Permission denied")
+    _check_folder(paths.rollouts.parent)
+
+
+def _check_folder(folder: Path) -> None:
+    """The outputs' folder can take new files: a probe file is created and removed there (or,
+    for a folder still to be made, its nearest existing ancestor is writable)."""
+    if not folder.exists():
+        ancestor = folder
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise InputError(f"Cannot create '{folder}': '{ancestor}' is not a directory")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise InputError(f"Cannot create '{folder}': '{ancestor}' is not writable")
+        return
+    if not folder.is_dir():
+        raise InputError(f"Cannot write in '{folder}': Not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".rewardstream-probe.", dir=folder)
+    except OSError as exc:
+        raise InputError(f"Cannot write in '{folder}': {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _write_line(fh: FileIO, path: Path, data: bytes) -> None:
+    """Write all of ``data`` (unbuffered: on the disk, or failed, when this returns); a failure
+    (ENOSPC, EFBIG, EIO) is one line naming the file."""
+    try:
+        with memoryview(data) as view:
+            done = 0
+            while done < len(view):
+                done += fh.write(view[done:]) or 0
+    except OSError as exc:
+        raise InputError(
+            f"Cannot write '{path}': {exc.strerror or exc}; the collection stopped "
+            "(+resume_from_cache=true continues it)"
+        ) from None
+
+
+def _holds_data(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+async def _check_reachable(urls: dict[str, str], rollouts: Path) -> None:
+    """Each agent accepts a connection (the only check that fits every agent: their one
+    contract is ``POST /run``). Made only before a new collection clears earlier results:
+    otherwise an agent that is down costs nothing, and its rows fail as request failures."""
+    for agent, url in sorted(urls.items()):
+        parts = urlsplit(url)
+        try:
+            async with asyncio.timeout(10):
+                _, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+            writer.close()
+            await writer.wait_closed()
+        except (OSError, TimeoutError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+            raise InputError(
+                f"Could not connect to agent {agent!r} at {url} ({reason}); the earlier "
+                f"results in {rollouts.parent} were left as they are. Start the servers "
+                "(ng_run), or fix +head_server_url/+agent_url"
+            ) from None
 
 
 async def _agent_urls(cfg: CollectConfig, agents: set[str]) -> dict[str, str]:
@@ -309,24 +439,32 @@ class _Collector:
         run_id: str,
         attempts: int,
         plan: _Plan,
+        urls: dict[str, str],
     ) -> None:
         self.cfg, self.paths, self.sink, self.run_id = cfg, paths, sink, run_id
-        self.attempts, self.plan = attempts, plan
+        self.attempts, self.plan, self.urls = attempts, plan, urls
         self.line = plan.cached[-1][0] if plan.cached else 0  # the rollouts file's last line
         self.completed = self.failed = 0
         self.reward_sum: dict[str, float] = defaultdict(float)
         self.reward_n: dict[str, int] = defaultdict(int)
         self.kept: list[dict[str, Any]] = []  # for aggregation: results without their bulk
-        self._results = paths.rollouts.open("ab")
-        self._failures = paths.failures.open("ab")
+        self.unsent: set[Key] = set()  # rows whose input event Kafka could not take
+        self.withheld = 0  # rollout events not sent for them (see :meth:`publish`)
+        # unbuffered: each line is on the disk (or its failure raised) once written
+        self._results = paths.rollouts.open("ab", buffering=0)
+        try:
+            self._failures = paths.failures.open("ab", buffering=0)
+        except BaseException:
+            self._results.close()
+            raise
         self._postfix_at = 0.0
 
     def close(self) -> None:
         self._results.close()
         self._failures.close()
 
-    async def run(self) -> dict[str, str]:
-        """Announce the run, replay the cached results, run the rest; returns the agents' URLs."""
+    async def run(self) -> None:
+        """Announce the run, replay the cached results, run the rest."""
         plan, sink, cfg = self.plan, self.sink, self.cfg
         if sink is not None:
             stem = self.paths.rollouts.stem
@@ -339,12 +477,11 @@ class _Collector:
             except BadEvent as exc:
                 value = self.run_id if exc.field == "run_id" else stem
                 raise InputError(f"invalid {exc.field} {value!r}: {exc.message}") from None
-            await _send_inputs(sink, plan.rows, self.run_id, self.paths.inputs)
+            self.unsent = await _send_inputs(sink, plan.rows, self.run_id, self.paths.inputs)
             await _control(sink, started)
         for lineno, result in plan.cached:
             await self.publish(result, lineno)
-        urls = await _agent_urls(cfg, {_agent(r) for r in plan.rows}) if plan.todo else {}
-        run_urls = {agent: f"{url}/run" for agent, url in urls.items()}
+        run_urls = {agent: f"{url}/run" for agent, url in self.urls.items()}
         bar = tqdm(
             total=len(plan.todo),
             desc=f"Collecting {self.paths.rollouts.name}",
@@ -371,7 +508,6 @@ class _Collector:
             await client.close()
         if sink is not None:
             await _control(sink, RunFinished(run_id=self.run_id))
-        return urls
 
     def keep(self, result: dict[str, Any]) -> None:
         """Hold what ``/aggregate_metrics`` is sent (spec §1.8): the result without its bulk."""
@@ -429,8 +565,8 @@ class _Collector:
             row = row | {"_ng_attempt_index": attempt}
 
     def failure(self, failed: dict[str, Any]) -> None:
-        self._failures.write(orjson.dumps(failed, option=orjson.OPT_APPEND_NEWLINE))
-        self._failures.flush()
+        line = orjson.dumps(failed, option=orjson.OPT_APPEND_NEWLINE)
+        _write_line(self._failures, self.paths.failures, line)
         self.failed += 1
 
     async def result(self, result: dict[str, Any], row: dict[str, Any]) -> None:
@@ -445,8 +581,8 @@ class _Collector:
         if result.get("_ng_failure_class") is not None:
             self.failure(result)
             return
-        self._results.write(orjson.dumps(result, option=orjson.OPT_APPEND_NEWLINE))
-        self._results.flush()
+        line = orjson.dumps(result, option=orjson.OPT_APPEND_NEWLINE)
+        _write_line(self._results, self.paths.rollouts, line)
         self.line += 1
         self.completed += 1
         await self.publish(result, self.line)
@@ -457,10 +593,18 @@ class _Collector:
             self.reward_n[agent] += 1
 
     async def publish(self, result: dict[str, Any], line: int) -> None:
+        """Send the result's event, unless its input row's event could not be sent: without
+        its input row, the processors could not profile the run at all (a result without its
+        row), while without both they write a partial profile of the rest, flagged as such."""
         self.keep(result)
         if self.sink is not None:
+            if _key(result) in self.unsent:
+                self.withheld += 1
+                return
             event = rollout_event(result, self.run_id, self.paths.rollouts, line)
-            await self.sink.send(event.kind, event.key, event.value)
+            await self.sink.send(
+                event.kind, event.key, event.value, f"{self.paths.rollouts}:{line}"
+            )
 
     def postfix(self, bar: tqdm[Any], force: bool = False) -> None:
         """The running mean reward per agent, at most twice a second."""
@@ -491,24 +635,33 @@ async def _control(sink: EventSink, event: RunStarted | RunFinished) -> None:
 
 async def _send_inputs(
     sink: EventSink, rows: list[dict[str, Any]], run_id: str, path: Path
-) -> None:
+) -> set[Key]:
+    """Send every row's input event; returns the keys of those the sink could not send."""
     kind: EventKind = "input"
+    unsent: set[Key] = set()
     for lineno, row in enumerate(rows, 1):
         event = input_event(row, run_id, path, lineno)
-        await sink.send(kind, event.key, event.value)
+        if not await sink.send(kind, event.key, event.value, f"{path}:{lineno}"):
+            unsent.add(_key(row))
+    return unsent
 
 
 async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectReport:
     """Materialize (or resume), run every row, write the files; see the module docstring.
 
+    Nothing is written before the collection can start: the output paths and their folder,
+    the head server (when rows are to run) and Kafka are checked first, so a failed start
+    leaves every earlier output as it was, byte for byte. (On a failed connection, as NeMo Gym
+    does, the materialized inputs are still written, but only where no collection is yet.)
+
     ``sink`` receives the run's events (a Kafka sink is made from ``kafka_bootstrap_servers``
-    when none is given). It is always closed here, finished only if the collection was.
+    when none is given). It is always closed here, finished only if the collection was. The
+    live side channel never stops the collection: what it could not send is reported.
     """
     began = time.perf_counter()
     finished = False
     try:
         paths = CollectionPaths.of(cfg.output_jsonl_fpath)
-        paths.rollouts.parent.mkdir(parents=True, exist_ok=True)
         attempts = max_attempts()
         resume = cfg.resume_from_cache and paths.inputs.exists() and paths.rollouts.exists()
         if cfg.resume_from_cache and not resume:
@@ -517,21 +670,44 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
                 "file does not exist yet",
                 file=sys.stderr,
             )
-        plan = _resumed(paths, attempts) if resume else _fresh(cfg, paths)
-        # after _fresh wrote the inputs file, which a resume never rewrites: see producers.run_id
-        run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
-        if sink is None and cfg.kafka_bootstrap_servers:
-            topics = Topics.for_prefix(cfg.kafka_topic_prefix)
-            sink = await KafkaSink(cfg.kafka_bootstrap_servers, topics).start()
-        collector = _Collector(cfg, paths, sink, run_id, attempts, plan)
+        _check_outputs(cfg, paths, resume)
+        plan = _resumed(paths, attempts) if resume else _fresh(cfg)
         try:
-            urls = await collector.run()
+            urls = await _agent_urls(cfg, {_agent(r) for r in plan.rows}) if plan.todo else {}
+            if sink is None and cfg.kafka_bootstrap_servers:
+                topics = Topics.for_prefix(cfg.kafka_topic_prefix)
+                sink = await KafkaSink(cfg.kafka_bootstrap_servers, topics).start()
+            if not resume and any(_holds_data(p) for p in paths):
+                await _check_reachable(urls, paths.rollouts)  # they would be cleared for it
+        except RewardstreamError:
+            if not resume and not paths.inputs.exists() and not paths.rollouts.exists():
+                # as NeMo Gym, which writes it before it needs any server; nothing is lost
+                with contextlib.suppress(RewardstreamError, OSError):
+                    paths.inputs.parent.mkdir(parents=True, exist_ok=True)
+                    write_rows(paths.inputs, plan.rows)
+            raise
+        try:  # from here on the outputs change
+            paths.rollouts.parent.mkdir(parents=True, exist_ok=True)
+            if resume:
+                for path, tail in plan.tails.items():
+                    tail.repair(path)
+            else:
+                _start_fresh(paths, plan.rows)
+            # after _start_fresh wrote the inputs file, which a resume never rewrites: run_id
+            run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
+            collector = _Collector(cfg, paths, sink, run_id, attempts, plan, urls)
+        except OSError as exc:  # files only: no network in this block
+            where = exc.filename or paths.rollouts
+            raise InputError(f"Cannot write '{where}': {exc.strerror or exc}") from None
+        try:
+            await collector.run()
         finally:
             collector.close()
         finished = True
     finally:
         if sink is not None:
             await sink.close(finished)
+    live_error = sink.error if sink is not None else None
     aggregated = await _aggregate(cfg, paths, collector.kept, urls) if collector.kept else False
     persisted = len(plan.cached) + collector.completed
     if plan.todo and not persisted:
@@ -539,8 +715,20 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
             f"None of the {len(plan.todo)} dispatched rollouts produced a result; the "
             f"failures are in {paths.failures}"
         )
+    if collector.withheld and live_error is None:
+        print(
+            f"WARNING: run {run_id}: {len(collector.unsent)} input rows were too large for "
+            f"Kafka, so the streamed profile leaves out their {collector.withheld} rollouts "
+            f"(it is partial); {paths.rollouts} has them all",
+            file=sys.stderr,
+        )
     profile = None
     if cfg.kafka_wait_profile and cfg.kafka_bootstrap_servers:
+        if live_error is not None:
+            raise InputError(
+                f"no streamed profile: publishing to Kafka failed ({live_error}); the "
+                f"collected files are complete: {paths.rollouts}"
+            )
         profile = await wait_profile(
             cfg.kafka_bootstrap_servers,
             Topics.for_prefix(cfg.kafka_topic_prefix),
@@ -591,7 +779,7 @@ async def _aggregate(
                 print(f"WARNING: no aggregate metrics from {agent!r}: {exc}", file=sys.stderr)
                 return False
             out.append({"agent_ref": {"name": agent}} | metrics)
-    paths.aggregate.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    write_files([(paths.aggregate, [orjson.dumps(out, option=orjson.OPT_INDENT_2)])])
     return True
 
 
@@ -615,14 +803,67 @@ def run(config: dict[str, Any], sink: EventSink | None = None) -> CollectReport:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    prog = "ng_collect_rollouts"
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("-h", "--help"):
-        print("usage:", (__doc__ or "").split("\n\n")[1].strip())
-        return 0
+# --help: every key of CollectConfig, required ones first (a key missing here is still listed)
+_OVERRIDE_HELP = {
+    "input_jsonl_fpath": ("PATH", "the dataset, one task per line"),
+    "output_jsonl_fpath": ("D/S.jsonl", "the rollouts; the other files go next to it"),
+    "agent_name": ("NAME", "agent for rows without agent_ref (needed unless all have one)"),
+    "agent_map": (".FROM=TO", "rows of agent FROM go to TO (._default: all the others)"),
+    "limit": ("N", "only the first N lines of the dataset"),
+    "num_repeats": ("N", "rollouts per task; +num_repeats.AGENT=N per agent"),
+    "num_repeats_add_seed": ("BOOL", "give each repeat its own seed"),
+    "interleave_repeats": ("BOOL", "order rows by repeat: every task's first, then second..."),
+    "responses_create_params": (".KEY=V", "set KEY in every row's responses_create_params"),
+    "num_samples_in_parallel": ("N", f"rollouts in flight ({DEFAULT_PARALLEL})"),
+    "resume_from_cache": ("BOOL", "continue a run: keep its results, run the rest"),
+    "disable_aggregation": ("BOOL", "skip the agents' /aggregate_metrics"),
+    "head_server_url": ("URL", "where ng_run lists the agents"),
+    "agent_url": ("URL", "send every row to this agent instead"),
+    "request_timeout_s": ("S", "give up on one /run after S seconds"),
+    "retry_backoff_s": ("S", "first wait before a retry, doubled each time"),
+    "kafka_bootstrap_servers": ("HOST[:PORT]", "also publish live to Kafka (port 9092 if none)"),
+    "kafka_topic_prefix": ("P", "topics <P>.inputs, <P>.rollouts, <P>.control"),
+    "kafka_run_id": ("ID", "the run's id (default: <S>-<8 hex> of the inputs file)"),
+    "kafka_group_id": ("G", "the processors' group (default: <prefix>-profiler)"),
+    "kafka_wait_profile": ("BOOL", "then wait for the final profile and write it next to D/S"),
+    "kafka_wait_profile_timeout_s": ("S", "give up waiting after S seconds"),
+    "quiet": ("BOOL", "no progress bar"),
+}
 
-    def go() -> int:
+
+def _usage() -> str:
+    """--help, from the config model itself, so no key the collector reads goes unlisted."""
+    lines = [
+        "usage: ng_collect_rollouts +input_jsonl_fpath=I +output_jsonl_fpath=D/S.jsonl "
+        "[+key=value ...]",
+        "",
+        "POST every materialized row to its agent's /run; writes D/S_materialized_inputs.jsonl,",
+        "D/S.jsonl, D/S_failures.jsonl (failed attempts) and D/S_aggregate_metrics.json.",
+        "",
+        "overrides (+key=value, ++key=value or key=value; dotted keys nest):",
+    ]
+    fields = CollectConfig.model_fields.items()
+    for name, field in sorted(fields, key=lambda item: not item[1].is_required()):
+        meta, text = _OVERRIDE_HELP.get(name, ("VALUE", ""))
+        key = f"+{name}{meta if meta.startswith('.') else '=' + meta}"
+        if field.is_required():
+            text = f"(required) {text}"
+        elif field.default not in (None, {}) and field.default is not False:
+            text = f"{text} ({field.default})"
+        lines.append(f"  {key:<37}{text}")
+    lines += [
+        "",
+        f"environment: {MAX_ATTEMPTS_ENV}=N  attempts per row, retries included (3)",
+        "",
+        "options:",
+        f"  {'-h, --help':<37}show this help and exit",
+        f"  {'--version':<37}show the version and exit",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def go(args: list[str]) -> int:
         config = parse_overrides(args)
         missing = [k for k in ("input_jsonl_fpath", "output_jsonl_fpath") if k not in config]
         if missing:
@@ -630,7 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(config)
         return 0
 
-    return run_guarded(prog, go)
+    return override_command("ng_collect_rollouts", _usage, argv, go)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+from collections.abc import Callable
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
 from processors.inprocess import finish
@@ -27,12 +31,24 @@ from sinks.files import ProfilePaths
 __all__ = ["EventSink", "KafkaSink", "PipelineSink"]
 
 
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's message.max.bytes, for a limit not readable
+RECORD_OVERHEAD = 128  # a record batch's header and one record's framing, beyond key and value
+DEAD_LETTER_CUT = 64 << 10  # what is kept of an event parked whole (as processors.stream does)
+
+
 class EventSink(Protocol):
-    async def send(self, kind: EventKind, key: bytes, value: bytes) -> None:
-        """Queue one event; it must not block the collection for long."""
+    error: str | None  # why the sink stopped sending, when it did (the collection goes on)
+
+    async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
+        """Queue one event (``where``: its file and line, for messages); False when it cannot
+        be delivered to its topic. It must not block the collection for long."""
 
     async def close(self, finished: bool) -> None:
         """Deliver what was queued; ``finished`` is False after a failed collection."""
+
+
+def _warn(message: str) -> None:
+    print(f"WARNING: {message}", file=sys.stderr)
 
 
 class KafkaSink:
@@ -41,19 +57,36 @@ class KafkaSink:
     One task owns the batching :class:`~producers.publish.Sender`; it hands over partly filled
     batches whenever it has caught up, so at a collection's pace every rollout leaves at once,
     and at a burst's pace batches fill.
+
+    It is a side channel: nothing it meets stops the collection. An event larger than its
+    topic's ``max.message.bytes`` (read from the broker at :meth:`start`) is never sent there
+    (the broker would refuse its batch, and the idempotent producer could send nothing more
+    to that partition): it is parked on the dead-letter topic as the stream processor parks
+    its own "oversized" events (headers ``reason``, ``kind``, ``source`` = file:line,
+    ``detail``, and ``size`` when cut to :data:`DEAD_LETTER_CUT` bytes), with a warning, and
+    :meth:`send` returns False. Any other publishing failure stops publishing, with a warning,
+    and sets :attr:`error`.
     """
 
     def __init__(
-        self, bootstrap: str, topics: Topics, security: KafkaSecurity | None = None
+        self,
+        bootstrap: str,
+        topics: Topics,
+        security: KafkaSecurity | None = None,
+        warn: Callable[[str], None] = _warn,
     ) -> None:
         self.bootstrap = bootstrap
         self.security = security or KafkaSecurity.from_env()  # SASL/TLS settings
+        self.warn = warn
+        self.error: str | None = None
+        self.dead_letters = topics.dead_letters
         self._topic: dict[EventKind, str] = {
             "input": topics.inputs,
             "rollout": topics.rollouts,
             "control": topics.control,
         }
-        self._queue: asyncio.Queue[tuple[str, bytes, bytes] | None] = asyncio.Queue()
+        self._limits: dict[str, int] = {}
+        self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             enable_idempotence=True,
@@ -65,37 +98,126 @@ class KafkaSink:
 
     async def start(self) -> KafkaSink:
         await start_client(self._producer, self.bootstrap, self.security)
+        try:
+            self._limits = await self._message_limits()
+        except BaseException:
+            await self._producer.stop()
+            raise
         self._pump = asyncio.create_task(self._run(Sender(self._producer)))
         return self
 
+    async def _message_limits(self) -> dict[str, int]:
+        """Each data and control topic's ``max.message.bytes`` (the topics are created first,
+        as the first send would create them, so a topic that cannot be is refused before the
+        collection starts); Kafka's default where the limit cannot be read."""
+        topics = list(self._topic.values())
+        for topic in topics:
+            try:
+                await self._producer.partitions_for(topic)
+            except KafkaError as exc:  # e.g. no such topic and auto-creation disabled
+                raise InputError(f"cannot publish to topic {topic!r}: {exc!r}") from None
+        limits = dict.fromkeys(topics, DEFAULT_MAX_MESSAGE_BYTES)
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap, **self.security.client_kwargs()
+        )
+        try:
+            await admin.start()
+            wanted = {"max.message.bytes": None}
+            resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
+            for response in await admin.describe_configs(resources):
+                for error, _, _, name, entries in response.resources:
+                    for entry in entries if error == 0 and name in limits else ():
+                        if entry[0] == "max.message.bytes" and str(entry[1]).isdigit():
+                            limits[name] = int(entry[1])
+        except KafkaError:  # e.g. not authorized to describe configs: Kafka's default
+            pass
+        finally:
+            with contextlib.suppress(KafkaError):
+                await admin.close()
+        return limits
+
     async def _run(self, sender: Sender) -> None:
         queue = self._queue
-        while (item := await queue.get()) is not None:
-            topic, key, value = item
-            if topic == self._topic["control"]:  # after everything before it is in the log:
-                await sender.settle()  # run_finished marks where the log ends for the run
-            await sender.send(topic, value, key)
-            if queue.empty():
-                await sender.flush()
-        await sender.settle()
+        parked: list[asyncio.Future[object]] = []
+        try:
+            while (item := await queue.get()) is not None:
+                topic, key, value, headers = item
+                if headers:  # a dead letter: alone, not in the data topics' batches
+                    parked.append(await self._producer.send(topic, value, key, headers=headers))
+                    continue
+                if topic == self._topic["control"]:  # after everything before it is in the log:
+                    await sender.settle()  # run_finished marks where the log ends for the run
+                await sender.send(topic, value, key)
+                if queue.empty():
+                    await sender.flush()
+            await sender.settle()
+        finally:
+            for failed in await asyncio.gather(*parked, return_exceptions=True):
+                if isinstance(failed, BaseException):
+                    self.warn(
+                        f"a dead letter could not be parked on {self.dead_letters}: {failed!r}"
+                    )
 
-    async def send(self, kind: EventKind, key: bytes, value: bytes) -> None:
+    async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
+        if self.error is not None:
+            return False
         if self._pump is not None and self._pump.done():
-            await self._pump  # raises the publishing error
-        self._queue.put_nowait((self._topic[kind], key, value))
+            self._stopped(self._pump)
+            return False
+        topic = self._topic[kind]
+        limit = self._limits.get(topic, DEFAULT_MAX_MESSAGE_BYTES)
+        if len(key) + len(value) + RECORD_OVERHEAD > limit:
+            self._park(kind, topic, key, value, where, limit)
+            return False
+        self._queue.put_nowait((topic, key, value, None))
+        return True
+
+    def _park(
+        self, kind: EventKind, topic: str, key: bytes, value: bytes, where: str, limit: int
+    ) -> None:
+        """Queue ``value`` as a dead letter instead of sending it to ``topic``."""
+        detail = f"{len(value)} bytes, above the {limit}-byte max.message.bytes of {topic}"
+        headers = [
+            ("reason", b"oversized"),
+            ("kind", kind.encode()),
+            ("source", where.encode()),
+            ("detail", detail.encode()),
+        ]
+        size = len(value)
+        if size > DEAD_LETTER_CUT:
+            headers.append(("size", b"%d" % size))
+            value = value[:DEAD_LETTER_CUT]
+        self._queue.put_nowait((self.dead_letters, key, value, headers))
+        self.warn(
+            f"{where or 'an event'}: its {kind} event ({size} bytes) is above the "
+            f"{limit}-byte max.message.bytes of topic {topic}: parked on {self.dead_letters} "
+            "instead; the streamed profile leaves it out"
+        )
+
+    def _stopped(self, pump: asyncio.Task[None]) -> None:
+        """Publishing failed: say so once and send nothing more (the collection goes on)."""
+        if self.error is None:
+            exc = None if pump.cancelled() else pump.exception()
+            self.error = str(exc) if exc is not None else "the publishing task stopped"
+            self.warn(
+                f"live publishing to Kafka at {self.bootstrap} stopped: {self.error}; the "
+                "collection goes on (its files can be published later: rewardstream publish)"
+            )
 
     async def close(self, finished: bool) -> None:
         """Wait until the broker has everything (also after a failure: what was queued goes)."""
         self._queue.put_nowait(None)
         try:
             if self._pump is not None:
-                if finished:
+                with contextlib.suppress(KafkaError, InputError):
                     await self._pump
-                else:
-                    with contextlib.suppress(KafkaError, InputError):
-                        await self._pump
+                if self._pump.done() and (self._pump.cancelled() or self._pump.exception()):
+                    self._stopped(self._pump)
         finally:
             await self._producer.stop()
+
+
+_Item = tuple[str, bytes, bytes, list[tuple[str, bytes]] | None]  # (topic, key, value, headers)
 
 
 class PipelineSink:
@@ -103,16 +225,18 @@ class PipelineSink:
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
+        self.error: str | None = None  # never set: a failure here is raised
         self.run: Run | None = None
         self.paths: ProfilePaths | None = None
         self.rejected: list[Rejected] = []
         pipeline.on_reject = self.rejected.append
 
-    async def send(self, kind: EventKind, key: bytes, value: bytes) -> None:
+    async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
         self.run = self.pipeline.handle(kind, value) or self.run
         if self.rejected:
             first = self.rejected[0]
             raise InputError(f"event rejected by the pipeline ({first.reason}): {first.detail}")
+        return True
 
     async def close(self, finished: bool) -> None:
         if finished and self.run is not None:

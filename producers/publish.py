@@ -263,6 +263,7 @@ class Sender:
         builder.close()  # a closed batch is sent at once instead of lingering
         count = builder.record_count()
         future = await self.producer.send_batch(builder, topic, partition=partition)
+        future.add_done_callback(_retrieve)  # awaited in turn, unless an earlier one failed
         self._in_flight.append((future, count, topic, partition))
         self._in_flight_messages += count
         while self._in_flight_messages > self.window:
@@ -277,6 +278,13 @@ class Sender:
             raise InputError(
                 f"Kafka did not accept a batch for {topic}[{partition}]: {exc!r}"
             ) from exc
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a batch's failure as seen: after one batch fails, the ones behind it are never
+    awaited, and asyncio would log each as "Future exception was never retrieved"."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def _local(chunks: Iterable[Chunk]) -> AsyncIterator[Chunk]:

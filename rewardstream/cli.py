@@ -1,14 +1,17 @@
 """Command-line entry points: ``rewardstream <verb>`` and NeMo Gym's ``ng_*`` names.
 
-Every user error ends as one line on stderr and exit code 2 (never a traceback). Each command
-imports what it needs when it runs (numpy, pydantic, aiokafka take ~0.4 s to import), so a
-light one such as ``rewardstream snapshot`` starts in ~0.1 s.
+Every user error ends as one line on stderr and exit code 2 (never a traceback), and a reader
+that goes away (``ng_reward_profile ... | head -2``) ends a command quietly with exit code 141
+(:mod:`rewardstream.command`). Each command imports what it
+needs when it runs (numpy, pydantic, aiokafka take ~0.4 s to import), so a light one such as
+``rewardstream snapshot`` starts in ~0.1 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import http.client
 import logging
 import signal
@@ -24,15 +27,32 @@ import orjson
 
 from producers import cli as publish_cli
 from rewardstream import kafka_local, kafka_options
-from rewardstream.command import fail, run_guarded
+from rewardstream.command import fail, override_command, package_version, run_guarded
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
 from rewardstream.jsonl import check_input_file
-from rewardstream.names import run_id_from
+from rewardstream.kafka_options import BOOTSTRAP_HELP
+from rewardstream.names import ProfilePaths, run_id_from
 from rewardstream.overrides import parse_overrides
 
 __all__ = ["main", "ng_reward_profile"]
 
 _PROFILE_REQUIRED = ("materialized_inputs_jsonl_fpath", "rollouts_jsonl_fpath")
+_PROFILE_USAGE = """\
+usage: ng_reward_profile +materialized_inputs_jsonl_fpath=M +rollouts_jsonl_fpath=R \
+[++allow_partial_rollouts=True] [+quiet=true]
+
+Profile a finished collection: writes R's _reward_profiling.jsonl, _agent_metrics.json and
+_repeat_level_metrics.json next to R, as NeMo Gym 0.7.0 does.
+
+overrides (+key=value, ++key=value or key=value):
+  +materialized_inputs_jsonl_fpath=PATH  (required) the collection's *_materialized_inputs.jsonl
+  +rollouts_jsonl_fpath=PATH             (required) its rollouts .jsonl file
+  ++allow_partial_rollouts=BOOL          profile even if some rollouts are missing (false)
+  +quiet=BOOL                            no progress bar (false)
+
+options:
+  -h, --help                             show this help and exit
+  --version                              show the version and exit"""
 
 
 def _profile(prog: str, config: dict[str, Any]) -> int:
@@ -66,14 +86,9 @@ def _profile(prog: str, config: dict[str, Any]) -> int:
 def ng_reward_profile(argv: Sequence[str] | None = None) -> int:
     """``ng_reward_profile +materialized_inputs_jsonl_fpath=M +rollouts_jsonl_fpath=R``."""
     prog = "ng_reward_profile"
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("-h", "--help"):
-        print(
-            f"usage: {prog} +materialized_inputs_jsonl_fpath=M +rollouts_jsonl_fpath=R "
-            "[++allow_partial_rollouts=True] [+quiet=true]"
-        )
-        return 0
-    return run_guarded(prog, lambda: _profile(prog, parse_overrides(args)))
+    return override_command(
+        prog, lambda: _PROFILE_USAGE, argv, lambda args: _profile(prog, parse_overrides(args))
+    )
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -96,6 +111,25 @@ def _host_port(text: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 < int(port) < 65536 or (colon and not host.strip("[]")):
         raise argparse.ArgumentTypeError(f"expected HOST:PORT or PORT, got {text!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _http_url(text: str) -> str:
+    """A processor's URL: ``http(s)://HOST:PORT``, or the forms ``--http`` takes (``HOST:PORT``,
+    ``[::1]:PORT``, ``PORT`` on 127.0.0.1), which get ``http://``: the address is usually
+    copied from a ``--http`` option."""
+    url = f"127.0.0.1:{text}" if text.isdigit() else text
+    if "://" not in url:
+        url = f"http://{url}"
+    parts = urllib.parse.urlsplit(url)
+    try:
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is no number, or out of range
+        valid = False
+    if not valid:
+        raise argparse.ArgumentTypeError(
+            f"expected http://HOST:PORT, HOST:PORT or PORT, got {text!r}"
+        )
+    return url
 
 
 def _positive_int(text: str) -> int:
@@ -136,7 +170,21 @@ def _cmd_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _digests(paths: ProfilePaths) -> list[bytes | None]:
+    """Each file's SHA-256 (None: absent), to tell a rewritten profile from a changed one."""
+    digests: list[bytes | None] = []
+    for path in paths:
+        try:
+            with path.open("rb") as fh:
+                digests.append(hashlib.file_digest(fh, "sha256").digest())
+        except OSError:
+            digests.append(None)
+    return digests
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
+    """Replay is idempotent: the same files into the same folder write the same profile
+    again, and a second run says it found one there, unchanged or replaced."""
     from processors.inprocess import stream_files
     from rewardstream.contract import BadEvent
     from sinks.files import profile_lines
@@ -145,12 +193,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     check_input_file(inputs, "--inputs")
     check_input_file(rollouts, "--rollouts")
     run_id = args.run_id or run_id_from(rollouts.stem)
+    expected = ProfilePaths.next_to(Path(args.output_dir) / run_id / f"{rollouts.stem}.jsonl")
+    before = _digests(expected)
     try:
         paths = stream_files(inputs, rollouts, Path(args.output_dir), run_id)
     except BadEvent as exc:  # the run id or the stem
         value = run_id if exc.field == "run_id" else rollouts.stem
         raise InputError(f"invalid {exc.field} {value!r}: {exc.message}") from None
     print(*profile_lines(paths), sep="\n")
+    if paths == expected and any(d is not None for d in before):
+        folder = paths.reward_profiling.parent
+        if before == _digests(paths):
+            print(f"Run {run_id} already had this profile in {folder}: written again, unchanged")
+        else:
+            print(f"Run {run_id} had a different profile in {folder}: replaced by this one")
     return 0
 
 
@@ -158,11 +214,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from producers.demo import run_demo
     from rewardstream import kafka_config
 
-    bootstrap = None if args.bootstrap is None else ":".join(map(str, args.bootstrap))
     security = kafka_config.from_args(args)
     run_demo(
         Path(args.output_dir),
-        bootstrap,
+        args.bootstrap,
         args.topic_prefix,
         args.repeats,
         args.parallel,
@@ -241,10 +296,29 @@ def _cmd_profiles_list(args: argparse.Namespace) -> int:
     return 0
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, which looks the version up only when asked (see :func:`package_version`)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show the version and exit")
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog} {package_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rewardstream", description="Streaming reward profiler for LLM RL rollouts."
     )
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("profile", help="profile a finished collection (ng_reward_profile)")
     p.add_argument("--inputs", help="the *_materialized_inputs.jsonl file")
@@ -256,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_profile)
     st = sub.add_parser("stream", help="run the Kafka stream processor")
-    st.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
+    st.add_argument(
+        "--bootstrap", required=True, type=kafka_options.bootstrap_arg, help=BOOTSTRAP_HELP
+    )
     st.add_argument(
         "--output-dir",
         help="also write each final profile this processor writes to DIR/<run_id>/ (they are "
@@ -275,9 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.add_argument(
         "--advertise-url",
-        help="the http://HOST:PORT peers reach this processor at (default: the --http address)",
+        type=_http_url,
+        help="the http://HOST:PORT (or HOST:PORT) peers reach this processor at (default: the "
+        "--http address)",
     )
-    st.add_argument("--topic-prefix", default="rewardstream", help="topics <prefix>.inputs, ...")
+    st.add_argument(
+        "--topic-prefix", default="rewardstream", help="topics <prefix>.inputs, ... (rewardstream)"
+    )
     st.add_argument("--group-id", default=None, help="consumer group (default <prefix>-profiler)")
     st.add_argument(
         "--checkpoint-every",
@@ -309,16 +389,27 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--run-id", default=None, help="default: the rollouts file's stem")
     rp.set_defaults(func=_cmd_replay)
     sn = sub.add_parser("snapshot", help="fetch a partial profile from a running processor")
-    sn.add_argument("--url", required=True, help="the processor's http://HOST:PORT")
-    sn.add_argument("--run-id", required=True)
+    sn.add_argument(
+        "--url",
+        required=True,
+        type=_http_url,
+        help="the processor's http://HOST:PORT (its --http; HOST:PORT or PORT also do)",
+    )
+    sn.add_argument("--run-id", required=True, help="the run to snapshot (see 'profiles list')")
     sn.add_argument("--out", required=True, help="folder for the three profile files")
     sn.set_defaults(func=_cmd_snapshot)
     dm = sub.add_parser(
         "demo", help="start the bundled servers, collect the bundled dataset, profile it live"
     )
     dm.add_argument("--output-dir", default="demo-output", help="default ./demo-output")
-    dm.add_argument("--bootstrap", type=_host_port, help="go through Kafka at HOST:PORT")
-    dm.add_argument("--topic-prefix", default="rewardstream", help="with --bootstrap")
+    dm.add_argument(
+        "--bootstrap",
+        type=kafka_options.bootstrap_arg,
+        help=f"go through Kafka: {BOOTSTRAP_HELP}",
+    )
+    dm.add_argument(
+        "--topic-prefix", default="rewardstream", help="with --bootstrap: topics <prefix>.*"
+    )
     dm.add_argument("--repeats", type=int, default=4, help="rollouts per task (4)")
     dm.add_argument("--parallel", type=int, default=32, help="rollouts in flight (32)")
     dm.add_argument("--limit", type=int, default=None, help="only the first N tasks")
@@ -327,12 +418,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profiles", help="final profiles kept in Kafka: list them, get one")
     psub = pr.add_subparsers(dest="profiles_command", required=True)
     get = psub.add_parser("get", help="wait for a run's final profile and write its files")
-    get.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
+    get.add_argument(
+        "--bootstrap", required=True, type=kafka_options.bootstrap_arg, help=BOOTSTRAP_HELP
+    )
     get.add_argument("--run-id", required=True, help="the run (see 'profiles list')")
     get.add_argument("--out", required=True, help="folder for the three profile files")
     get.add_argument("--timeout", type=float, default=0.0, metavar="S", help="wait up to S s (0)")
     lst = psub.add_parser("list", help="the runs with a final (or evicted) record")
-    lst.add_argument("--bootstrap", required=True, help="Kafka HOST:PORT")
+    lst.add_argument(
+        "--bootstrap", required=True, type=kafka_options.bootstrap_arg, help=BOOTSTRAP_HELP
+    )
     for p in (get, lst):
         p.add_argument("--topic-prefix", default="rewardstream", help="topics <prefix>.*")
         p.add_argument(
@@ -347,9 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
-    return run_guarded("rewardstream", lambda: func(args))
+    def run() -> int:
+        args = build_parser().parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+
+    return run_guarded("rewardstream", run)
 
 
 if __name__ == "__main__":

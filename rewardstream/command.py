@@ -1,15 +1,29 @@
 """How every command ends: one line on stderr and exit code 2 for a user error, never a
-traceback; 130 on Ctrl-C. Shared by ``rewardstream``, ``ng_reward_profile`` and
-``ng_collect_rollouts``, so the rule lives in one place."""
+traceback; 130 on Ctrl-C; 141 when stdout's reader went away (``... | head -2``). Shared by
+``rewardstream``, ``ng_reward_profile``, ``ng_run`` and ``ng_collect_rollouts``, so the rule
+lives in one place."""
 
 from __future__ import annotations
 
+import os
+import select
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rewardstream.errors import RewardstreamError
 
-__all__ = ["fail", "run_guarded"]
+__all__ = ["SIGPIPE_EXIT", "fail", "override_command", "package_version", "run_guarded"]
+
+SIGPIPE_EXIT = 141
+"""128 + SIGPIPE: what a shell reports for ``cat`` or ``grep`` whose reader went away, so
+``set -o pipefail`` scripts see the same for these commands."""
+
+
+def package_version() -> str:
+    """The installed rewardstream's version (what ``--version`` prints)."""
+    from importlib.metadata import version  # ~25 ms: only when asked
+
+    return version("rewardstream")
 
 
 def fail(prog: str, message: str) -> int:
@@ -17,10 +31,55 @@ def fail(prog: str, message: str) -> int:
     return 2
 
 
-def run_guarded(prog: str, func: Callable[[], int]) -> int:
+def _stdout_closed() -> bool:
+    """Whether stdout's reader went away: a pipe without a reader polls as an error. Tells a
+    closed stdout from a broken pipe elsewhere (a forked worker's), which stays an error."""
     try:
-        return func()
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stdout: not what broke
+        return False
+    if not hasattr(select, "poll"):  # cannot tell: as Python's own recipe, assume stdout
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def run_guarded(prog: str, func: Callable[[], int]) -> int:
+    """``func()``'s exit code, with the rules above. Stdout is flushed here, not at exit,
+    where a closed pipe could no longer be caught; after one, the rest of stdout goes to
+    /dev/null (Python's recipe), or flushing it at exit would fail again."""
+    try:
+        try:
+            return func()
+        finally:
+            sys.stdout.flush()
     except RewardstreamError as exc:
         return fail(prog, str(exc))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return SIGPIPE_EXIT
+
+
+def override_command(
+    prog: str, usage: Callable[[], str], argv: Sequence[str] | None, run: Callable[[list[str]], int]
+) -> int:
+    """A command in NeMo Gym's style (``+key=value`` arguments): ``-h``/``--help`` prints
+    ``usage()``, ``--version`` the version, anything else is ``run(args)``; all of it under
+    :func:`run_guarded`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+
+    def go() -> int:
+        if {"-h", "--help"} & set(args):
+            print(usage())
+        elif "--version" in args:
+            print(f"{prog} {package_version()}")
+        else:
+            return run(args)
+        return 0
+
+    return run_guarded(prog, go)

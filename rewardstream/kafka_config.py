@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import ssl
 from collections.abc import Mapping
@@ -36,7 +37,7 @@ from aiokafka.helpers import create_ssl_context
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, model_validator
 
 from rewardstream.errors import InputError
-from rewardstream.kafka_options import ENV_PREFIX, OPTIONS, add_arguments
+from rewardstream.kafka_options import ENV_PREFIX, OPTIONS, add_arguments, normalize_bootstrap
 
 __all__ = ["ENV_PREFIX", "KafkaSecurity", "add_arguments", "env_name", "from_args", "start_client"]
 
@@ -185,22 +186,55 @@ class _Client(Protocol):
     async def start(self) -> None: ...
 
 
+class _HeldBack(logging.Filter):
+    """Holds aiokafka's ``Unable connect to "HOST:PORT"`` lines while a client starts: they
+    reach stderr on their own (Python's last-resort handler) in front of the one-line error
+    a failed start ends with, which says the same and more; a start that succeeds lets them
+    through (one of several bootstrap servers is down). Only the bootstrap's lines (a quoted
+    address): other clients' lines about nodes pass as they come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith('Unable connect to "'):
+            self.held.append(record)
+            return False
+        return True
+
+
 async def start_client(client: _Client, bootstrap: str, security: KafkaSecurity) -> None:
     """Start an aiokafka client; a failed bootstrap becomes one :class:`InputError` line that
     says why (refused credentials, unknown mechanism, TLS, unreachable) and which setting to
     check. aiokafka itself only says "Unable to bootstrap"."""
+    logger, held = logging.getLogger("aiokafka"), _HeldBack()  # its client logs here
+    logger.addFilter(held)
+    close = getattr(client, "stop", None) or getattr(client, "close", None)
     try:
         await client.start()
     except KafkaError:
-        close = getattr(client, "stop", None) or getattr(client, "close", None)
         if close is not None:
             with contextlib.suppress(Exception):
                 await close()
         raise InputError(await _explain(bootstrap, security)) from None
+    except BaseException:  # cancelled while starting (a shutdown): leave nothing open
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(close())
+        raise
+    else:
+        logger.removeFilter(held)
+        for record in held.held:
+            logger.handle(record)
+    finally:
+        logger.removeFilter(held)
 
 
 async def _explain(bootstrap: str, security: KafkaSecurity) -> str:
     """Connect once more to the first bootstrap server to learn why the client could not."""
+    with contextlib.suppress(ValueError):  # as aiokafka read it: a host alone is on 9092
+        bootstrap = normalize_bootstrap(bootstrap)
     where = f"Kafka at {bootstrap}"
     host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
     try:

@@ -1,4 +1,5 @@
-"""The ``--kafka-*`` command-line options of :mod:`rewardstream.kafka_config`.
+"""The ``--kafka-*`` command-line options of :mod:`rewardstream.kafka_config`, and how a
+bootstrap server list is read.
 
 Apart from it because building a command's parser must not import aiokafka and pydantic: every
 ``rewardstream`` command builds every parser, and start-up counts (``rewardstream snapshot``).
@@ -7,8 +8,22 @@ Apart from it because building a command's parser must not import aiokafka and p
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import re
 
-__all__ = ["ENV_PREFIX", "OPTIONS", "add_arguments"]
+__all__ = [
+    "BOOTSTRAP_HELP",
+    "DEFAULT_PORT",
+    "ENV_PREFIX",
+    "OPTIONS",
+    "add_arguments",
+    "bootstrap_arg",
+    "normalize_bootstrap",
+]
+
+DEFAULT_PORT = 9092  # Kafka's, which its own tools and aiokafka assume for a host alone
+BOOTSTRAP_HELP = "Kafka HOST[:PORT][,HOST[:PORT]...] (port 9092 if left out; PORT: 127.0.0.1)"
+_BRACKETED = re.compile(r"^\[([^\]]+)\](?::(\d+))?$")
 
 ENV_PREFIX = "REWARDSTREAM_KAFKA_"
 OPTIONS = {  # the non-secret settings: passwords come from the environment only
@@ -30,3 +45,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for field, text in OPTIONS.items():
         flag = "--kafka-" + field.replace("sasl_plain_", "sasl_").replace("_", "-")
         group.add_argument(flag, dest=f"kafka_{field}", default=None, help=text)
+
+
+def normalize_bootstrap(text: str) -> str:
+    """``HOST[:PORT][,...]`` with every port written out: a host alone gets 9092, as Kafka's
+    tools give it (``localhost`` -> ``localhost:9092``); a bare ``PORT`` means 127.0.0.1, as
+    ``--http`` reads it; IPv6 literals are bracketed. Written out, every later reader (the
+    error probe, log lines) can split it. ValueError names the entry at fault."""
+    servers = []
+    for entry in text.split(","):
+        server = entry.strip()
+        bracketed = _BRACKETED.match(server)
+        if bracketed:
+            host, port = f"[{bracketed.group(1)}]", bracketed.group(2) or str(DEFAULT_PORT)
+        elif server.isdigit():
+            host, port = "127.0.0.1", server
+        elif ":" not in server:
+            host, port = server, str(DEFAULT_PORT)
+        elif _is_ipv6(server):
+            host, port = f"[{server}]", str(DEFAULT_PORT)
+        else:
+            host, _, port = server.rpartition(":")
+        if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+            where = "" if server == text.strip() else f" in {text!r}"
+            raise ValueError(f"expected HOST[:PORT] (port 1-65535), got {server!r}{where}")
+        servers.append(f"{host}:{int(port)}")
+    return ",".join(servers)
+
+
+def bootstrap_arg(text: str) -> str:
+    """:func:`normalize_bootstrap` as an argparse ``type``: its error becomes argparse's one
+    line naming the option."""
+    try:
+        return normalize_bootstrap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True

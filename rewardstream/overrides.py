@@ -74,5 +74,10 @@ def parse_overrides(tokens: list[str]) -> dict[str, Any]:
             if not isinstance(child, dict):
                 raise InputError(f"override {token!r} nests under non-mapping key {part!r}")
             node = child
-        node[leaf] = parse_value(value)
+        try:
+            node[leaf] = parse_value(value)
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            raise InputError(f"invalid value for override {key!r}: {exc}") from None
+        except RecursionError:
+            raise InputError(f"invalid value for override {key!r}: nested too deeply") from None
     return config

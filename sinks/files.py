@@ -3,13 +3,21 @@
 Nothing is written unless everything succeeds: all three files go to temporary names in the
 target folder first and are renamed into place together, so an error (or a kill) never leaves
 a half-written profile, and stale files from an earlier run stay untouched until then.
+
+Permissions are those a plain ``open()`` would give (``0o666`` less the umask, or the folder's
+default ACL): each temporary file is created by ``os.open`` with mode ``0o666`` and ``O_EXCL``,
+so the kernel applies the umask itself. Reading the umask would mean setting it
+(``os.umask``), which is process-wide and races with every other thread creating files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import secrets
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -17,7 +25,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import orjson
 
-from rewardstream.errors import InputError, RewardstreamError
+from rewardstream.errors import InputError, ProfileError
 from rewardstream.names import ProfilePaths
 
 if TYPE_CHECKING:  # annotations only: the snapshot client writes files without numpy
@@ -27,6 +35,7 @@ if TYPE_CHECKING:  # annotations only: the snapshot client writes files without 
 __all__ = [
     "InputsFile",
     "ProfilePaths",
+    "file_kind",
     "summary_lines",
     "task_lines",
     "write_files",
@@ -36,8 +45,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class InputsFile:
@@ -90,7 +98,9 @@ def write_final(
     run_id: str, merged: Merged, paths: ProfilePaths, partial: bool, expected: int | None
 ) -> str | None:
     """Write a run's final profile from its merged parts, as either transport finishes a run;
-    the error when it cannot be profiled (e.g. rollouts without their input rows), logged."""
+    the error when it cannot be profiled (e.g. rollouts without their input rows), logged.
+    A file that cannot be written (a full disk) raises :class:`InputError`: that is not the
+    run's fault, and the caller decides whether to stop."""
     from processors.profile import build_profile  # numpy: not for the light commands
 
     if partial:
@@ -100,33 +110,48 @@ def write_final(
             merged.state.num_results,
             expected if expected is not None else "?",
         )
-    paths.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
+    folder = paths.reward_profiling.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"Cannot write '{folder}': {exc.strerror}") from None
     try:
         write_profile(build_profile(merged.state, partial), paths, merged.sample)
-    except RewardstreamError as exc:
+    except ProfileError as exc:
         log.error("run %s: no final profile: %s", run_id, exc)
         return str(exc)
     return None
 
 
 def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:
-    """Write several files as one: all or nothing (earlier ones are put back if one fails)."""
+    """Write several files as one: all or nothing (earlier ones are put back if one fails).
+
+    Only regular files (or nothing) are replaced: a directory, a device or a FIFO at a target
+    is refused before anything is written (renaming over it would destroy it).
+    """
     for target, _ in files:
-        if target.is_dir():
-            raise InputError(f"Cannot write '{target}': Is a directory")
+        _check_replaceable(target)
     temps: list[tuple[str, Path]] = []
     moved: list[tuple[Path, str]] = []  # (target, backup of what was there)
     placed: list[Path] = []
+    backups: dict[Path, str] = {}  # folder -> a private folder of ours, for the backups
     try:
         for target, chunks in files:
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            fd, tmp = _create_temp(target)
             temps.append((tmp, target))
-            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide results from teammates
-            with os.fdopen(fd, "wb") as fh:
-                fh.writelines(chunks)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.writelines(chunks)
+            except OSError as exc:  # a failed write names no file: name its target
+                raise OSError(exc.errno, exc.strerror, str(target)) from None
         for _, target in temps:
             if target.exists() or target.is_symlink():
-                backup = tempfile.mktemp(prefix=f".{target.name}.old.", dir=target.parent)
+                folder = backups.get(target.parent)
+                if folder is None:  # mkdtemp: a name nobody else can take (unlike mktemp)
+                    folder = backups[target.parent] = tempfile.mkdtemp(
+                        prefix=f".{target.name}.old.", dir=target.parent
+                    )
+                backup = os.path.join(folder, str(len(moved)))
                 os.rename(target, backup)
                 moved.append((target, backup))
         for tmp, target in temps:
@@ -148,6 +173,53 @@ def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:
         for _, backup in moved:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(backup)
+        for folder in backups.values():
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+
+def _check_replaceable(target: Path) -> None:
+    """Refuse a target that exists and is not a regular file (a symlink is judged by what it
+    points to; a dangling one is replaced)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(f"Cannot write '{target}': {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise InputError(f"Cannot write '{target}': Is a directory")
+    if not stat.S_ISREG(mode):
+        raise InputError(
+            f"Cannot write '{target}': it is {file_kind(mode)}, not a regular file; "
+            "refusing to replace it"
+        )
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words, for an error message."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def _create_temp(target: Path) -> tuple[int, str]:
+    """A new, empty, uniquely named file next to ``target``, created as a plain ``open()``
+    creates one (mode ``0o666`` less the umask, applied by the kernel); returns (fd, path)."""
+    for _ in range(100):
+        path = os.path.join(target.parent, f".{target.name}.{secrets.token_hex(6)}")
+        try:
+            return os.open(path, _CREATE, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "No usable temporary file name found", str(target))
 
 
 def summary_lines(profile: Profile, paths: ProfilePaths) -> list[str]:

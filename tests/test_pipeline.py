@@ -218,3 +218,29 @@ def test_a_run_first_seen_after_the_peers_were_heard_still_counts_their_parts(
 def _task(raw: bytes) -> int:
     event = orjson.loads(raw)
     return int(event.get("task", event.get("row", {}).get("_ng_task_index")))
+
+
+def test_a_run_that_cannot_be_profiled_is_tried_again_only_after_new_events(
+    tmp_path: Path,
+) -> None:
+    """Not with every batch: a leader would log the same error a few times a second."""
+    events = _collection(tmp_path)
+    inputs = [(k, raw) for k, raw in events if k == "input"]
+    rollouts = [(k, raw) for k, raw in events if k == "rollout"]
+    started = [(k, raw) for k, raw in events if k == "control"]
+    wrong = orjson.loads(rollouts[0][1])
+    wrong["task"] = 10_000  # a rollout of no input row
+    odd: tuple[EventKind, bytes] = ("rollout", orjson.dumps(wrong))
+    with Pipeline(tmp_path / "out") as pipeline:
+        feed: list[tuple[EventKind, bytes]] = [*inputs[1:], *rollouts[1:], odd]
+        for kind, raw in feed:
+            pipeline.handle(kind, raw)
+        run = pipeline.handle(*started[0])
+        assert run is not None and run.rollouts == run.expected != run.inputs
+        pipeline.handle(*inputs[0])
+        assert run.complete and pipeline.ready(run)
+        assert finish(pipeline, run) is None and run.error is not None
+        assert "no matching materialized input rows" in run.error
+        assert not pipeline.ready(run)  # the same events: the same error
+        pipeline.handle(*inputs[0])  # a duplicate changes nothing
+        assert not pipeline.ready(run)

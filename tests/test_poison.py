@@ -222,7 +222,7 @@ def test_every_poison_is_parked_counted_and_skipped(
     # the good run: every rollout once, and the batch profile
     assert_batch_files(tmp_path / "out" / "good", inputs.parent)
     run = processor.runs()["good"]
-    assert (run["rollouts"], run["inputs"], run["duplicates"]) == (120, 120, 0)
+    assert (run["rollouts"], run["inputs"], run["duplicates_dropped"]) == (120, 120, 0)
 
     # each poison event parked once, with its bytes and reason
     assert len(records) == len(poison)
