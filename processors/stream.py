@@ -265,8 +265,15 @@ class StreamProcessor:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         claim = self.output_dir / ".rewardstream-owner.json"
         mine = self.identity()
-        with contextlib.suppress(FileExistsError), open(claim, "xb") as fh:
-            fh.write(orjson.dumps(mine))
+        # written whole, then linked into place: a peer starting beside this one reads the
+        # claim complete or not at all (never an empty file between create and write)
+        draft = claim.with_name(f".{claim.name}.{self.member}")
+        draft.write_bytes(orjson.dumps(mine))
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.link(draft, claim)
+        finally:
+            draft.unlink(missing_ok=True)
         try:
             theirs = orjson.loads(claim.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from processors.stream import StreamProcessor
 from rewardstream.cli import main
 from rewardstream.contract import Topics
 from tests.golden import assert_batch_files, file_events, generated_collection
@@ -171,3 +173,29 @@ def test_clients_that_misbehave_leave_no_traceback_in_the_log(
     assert p.proc.returncode == 0, text[-3000:]
     assert "Traceback" not in text and " ERROR " not in text, text[-5000:]
     assert text.count("snapshot of run run: the client went away") == 3
+
+
+def test_members_starting_together_claim_one_output_dir(tmp_path: Path) -> None:
+    """The claim file is never seen empty: it used to be created, then written, and a member
+    starting at that moment refused the folder as unreadable (CI: "processor exited")."""
+    for attempt in range(200):
+        out = tmp_path / f"out-{attempt}"
+        go, start = os.pipe()
+        children = []
+        for _ in range(3):
+            pid = os.fork()
+            if not pid:
+                code = 1
+                try:
+                    member = StreamProcessor("127.0.0.1:9", out, state_dir=tmp_path / "s")
+                    os.read(go, 1)  # all at once
+                    member._claim_output_dir()
+                    code = 0
+                finally:
+                    os._exit(code)
+            children.append(pid)
+        os.write(start, b"go!")
+        os.close(go)
+        os.close(start)
+        assert [os.waitpid(pid, 0)[1] for pid in children] == [0, 0, 0], attempt
+        assert [p.name for p in out.iterdir()] == [".rewardstream-owner.json"]
