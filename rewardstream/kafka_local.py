@@ -7,10 +7,12 @@ process group and fresh temporary directory (recipe: ``/work/shared/spec/kafka-l
 
 CLI (``rewardstream kafka ...``, wired in via :func:`add_parser`):
 
-* ``start [--port N] [--partitions N] [--brokers 1|3]``: start a detached broker (or cluster),
-  print ``bootstrap=127.0.0.1:<port>[,...]`` as the last stdout line and record every broker in
-  ``<cache>/broker.json``. If it is still alive, fail with exit code 1 and ``a broker is already
-  running at 127.0.0.1:<port> (pid N); run 'rewardstream kafka stop' first``.
+* ``start [--port N] [--partitions N] [--brokers 1|3] [--state-dir DIR]``: start a detached
+  broker (or cluster), print ``bootstrap=127.0.0.1:<port>[,...]`` as the last stdout line and
+  record every broker in ``DIR/broker.json`` (default DIR: :func:`state_dir`, the project's
+  ``.rewardstream/kafka``; ``status`` and ``stop`` take the same option). If it is still
+  alive, fail with exit code 1 and ``a broker is already running at 127.0.0.1:<port> (pid N);
+  run 'rewardstream kafka stop' first``.
 * ``status``: ``running bootstrap=127.0.0.1:<port> pid=N`` (exit 0; a cluster prints ``pids=``),
   ``degraded bootstrap=... pids=... down=...`` (exit 2: part of a cluster died) or ``not
   running`` (exit 1).
@@ -18,8 +20,9 @@ CLI (``rewardstream kafka ...``, wired in via :func:`add_parser`):
   the workdirs and the state file. Prints ``not running`` (exit 0) when nothing runs.
 * ``fetch``: only download the jars and print the libs directory.
 
-Environment: ``REWARDSTREAM_CACHE_DIR`` (default ``~/.cache/rewardstream``) holds the jars and the
-state file; ``KAFKA_LIBS_DIR`` overrides the jar directory.
+Environment: ``REWARDSTREAM_CACHE_DIR`` (default ``~/.cache/rewardstream``) holds the jars;
+``KAFKA_LIBS_DIR`` overrides the jar directory; ``REWARDSTREAM_KAFKA_STATE_DIR`` the state
+folder.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ __all__ = [
     "provide_broker",
     "read_state",
     "running_state",
+    "state_dir",
     "state_path",
     "stop_detached",
     "wait_ready",
@@ -148,9 +152,18 @@ def libs_dir() -> Path:
     return Path(env).expanduser() if env else cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
 
 
-def state_path() -> Path:
-    """Where the detached CLI broker is recorded, so ``status``/``stop`` can find it."""
-    return cache_dir() / "broker.json"
+def state_dir() -> Path:
+    """Where ``kafka start`` records its broker(s) unless told (``--state-dir``):
+    ``REWARDSTREAM_KAFKA_STATE_DIR``, else ``.rewardstream/kafka`` in the current folder (the
+    project's). Never the per-user cache: two projects, or two people sharing a home, each
+    see and stop only the broker they started."""
+    env = os.environ.get("REWARDSTREAM_KAFKA_STATE_DIR")
+    return Path(env).expanduser() if env else Path.cwd() / ".rewardstream" / "kafka"
+
+
+def state_path(folder: Path) -> Path:
+    """Where the detached CLI broker of ``folder`` is recorded, for ``status``/``stop``."""
+    return folder / "broker.json"
 
 
 def _has_jars(directory: Path) -> bool:
@@ -449,7 +462,7 @@ def _remove_workdir(workdir: str | Path | None) -> None:
 
 @dataclass(frozen=True)
 class BrokerState:
-    """What ``<cache>/broker.json`` records about a detached broker."""
+    """What ``<state dir>/broker.json`` records about a detached broker."""
 
     pid: int
     pgid: int
@@ -721,7 +734,8 @@ class LocalBroker:
 
 @dataclass(frozen=True)
 class ClusterState:
-    """What ``<cache>/broker.json`` records about a detached broker or cluster (every broker)."""
+    """What ``<state dir>/broker.json`` records about a detached broker or cluster (every
+    broker)."""
 
     bootstrap: str
     started_at: str
@@ -984,13 +998,13 @@ def _is_our_broker(state: BrokerState, *, exiting: bool = False) -> bool:
     return "kafka.Kafka" in cmdline and state.workdir in cmdline
 
 
-def read_state() -> ClusterState | None:
+def read_state(folder: Path) -> ClusterState | None:
     """The recorded detached broker(s), alive or not; None if there is no readable state file.
 
     A file without ``brokers`` (written before clusters existed) is one broker.
     """
     try:
-        data = json.loads(state_path().read_text())
+        data = json.loads(state_path(folder).read_text())
         items = data.get("brokers", [data])
         keys = BrokerState.__dataclass_fields__
         brokers = tuple(BrokerState(**{k: item[k] for k in keys}) for item in items)
@@ -1001,28 +1015,29 @@ def read_state() -> ClusterState | None:
         return None
 
 
-def _write_state(state: ClusterState) -> None:
-    path = state_path()
+def _write_state(state: ClusterState, folder: Path) -> None:
+    path = state_path(folder)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
     tmp.replace(path)
 
 
-def running_state() -> ClusterState | None:
-    """The detached broker(s) if any is alive; else clean up a stale state file and workdirs."""
-    state = read_state()
+def running_state(folder: Path) -> ClusterState | None:
+    """The detached broker(s) of ``folder`` if any is alive; else clean up a stale state file
+    and workdirs."""
+    state = read_state(folder)
     if state is not None and any(_is_our_broker(b) for b in state.brokers):
         return state
     for broker in state.brokers if state is not None else ():
         _remove_workdir(broker.workdir)
-    state_path().unlink(missing_ok=True)
+    state_path(folder).unlink(missing_ok=True)
     return None
 
 
-def stop_detached(timeout: float = STOP_TIMEOUT_S) -> ClusterState | None:
-    """Stop every recorded broker that is still ours, all at once; return the state, or None if
-    none was running. Only the recorded pids' own process groups are signalled."""
-    state = running_state()
+def stop_detached(folder: Path, timeout: float = STOP_TIMEOUT_S) -> ClusterState | None:
+    """Stop every broker ``folder`` records that is still ours, all at once; return the state,
+    or None if none was running. Only the recorded pids' own process groups are signalled."""
+    state = running_state(folder)
     if state is None:
         return None
     live = [b for b in state.brokers if _is_our_broker(b)]
@@ -1040,15 +1055,15 @@ def stop_detached(timeout: float = STOP_TIMEOUT_S) -> ClusterState | None:
         raise KafkaLocalError(f"broker pid(s) {alive} still alive after SIGKILL")
     for broker in state.brokers:
         _remove_workdir(broker.workdir)
-    state_path().unlink(missing_ok=True)
+    state_path(folder).unlink(missing_ok=True)
     return state
 
 
 @contextlib.contextmanager
-def _state_lock() -> Iterator[None]:
+def _state_lock(folder: Path) -> Iterator[None]:
     """Serialise start/stop/status so two concurrent starts cannot both launch a broker."""
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with open(cache_dir() / "broker.lock", "w") as lock:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "broker.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -1136,8 +1151,9 @@ def _cli_logging() -> None:
 
 def _cmd_start(args: argparse.Namespace) -> int:
     _cli_logging()
-    with _state_lock():
-        running = running_state()
+    folder = args.state_dir or state_dir()
+    with _state_lock(folder):
+        running = running_state(folder)
         if running is not None:
             pids = ",".join(map(str, running.pids))
             msg = ALREADY_RUNNING if len(running.brokers) == 1 else ALREADY_RUNNING_CLUSTER
@@ -1147,7 +1163,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
         try:
             cluster.start()
             state = cluster.state()
-            _write_state(state)
+            _write_state(state, folder)
         except (KafkaLocalError, ValueError) as exc:
             cluster.stop()
             print(f"error: {exc}", file=sys.stderr)
@@ -1163,8 +1179,9 @@ def _cmd_start(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    with _state_lock():
-        state = running_state()
+    folder = args.state_dir or state_dir()
+    with _state_lock(folder):
+        state = running_state(folder)
     if state is None:
         print("not running")
         return 1
@@ -1183,8 +1200,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_stop(args: argparse.Namespace) -> int:
     _cli_logging()
     try:
-        with _state_lock():
-            state = stop_detached()
+        folder = args.state_dir or state_dir()
+        with _state_lock(folder):
+            state = stop_detached(folder)
     except KafkaLocalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -1248,10 +1266,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "controller nodes, replication 3, min ISR 2, so one broker may die without loss",
     )
     start.set_defaults(func=_cmd_start)
-    sub.add_parser("stop", help="stop every detached broker").set_defaults(func=_cmd_stop)
-    sub.add_parser("status", help="are the detached brokers running?").set_defaults(
-        func=_cmd_status
-    )
+    stop = sub.add_parser("stop", help="stop the broker(s) this state folder records")
+    stop.set_defaults(func=_cmd_stop)
+    status = sub.add_parser("status", help="are the broker(s) this state folder records running?")
+    status.set_defaults(func=_cmd_status)
+    for command in (start, stop, status):
+        command.add_argument(
+            "--state-dir",
+            type=Path,
+            default=None,
+            metavar="DIR",
+            help="where the broker is recorded: start, status and stop with the same DIR see the "
+            "same broker (default: $REWARDSTREAM_KAFKA_STATE_DIR, else .rewardstream/kafka in "
+            "the current folder)",
+        )
     sub.add_parser("fetch", help="download the broker jars only").set_defaults(func=_cmd_fetch)
 
 

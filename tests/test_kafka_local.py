@@ -48,7 +48,11 @@ def cli_env(tmp_path: Path, kafka_libs: Path) -> dict[str, str]:
     """A private state dir per test, sharing the already-downloaded jars."""
     env = dict(os.environ)
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
-    env.update(REWARDSTREAM_CACHE_DIR=str(tmp_path / "cache"), KAFKA_LIBS_DIR=str(kafka_libs))
+    env.update(
+        REWARDSTREAM_CACHE_DIR=str(tmp_path / "cache"),
+        REWARDSTREAM_KAFKA_STATE_DIR=str(tmp_path / "state"),
+        KAFKA_LIBS_DIR=str(kafka_libs),
+    )
     return env
 
 
@@ -119,7 +123,7 @@ async def auto_created_partitions(bootstrap: str, topic: str) -> int:
 def reap_leftover(cli_env: dict[str, str]) -> Iterator[None]:
     """Never leak a JVM if a test fails half-way: stop whatever the state file records."""
     yield
-    state = Path(cli_env["REWARDSTREAM_CACHE_DIR"]) / "broker.json"
+    state = Path(cli_env["REWARDSTREAM_KAFKA_STATE_DIR"]) / "broker.json"
     if state.exists():
         cli(cli_env, "stop")
 
@@ -131,7 +135,7 @@ def test_cli_start_twice_status_stop(cli_env: dict[str, str]) -> None:
     assert started.returncode == 0, started.stderr
     bootstrap = f"127.0.0.1:{port}"
     assert started.stdout.strip().splitlines()[-1] == f"bootstrap={bootstrap}"
-    state = json.loads((Path(cli_env["REWARDSTREAM_CACHE_DIR"]) / "broker.json").read_text())
+    state = json.loads((Path(cli_env["REWARDSTREAM_KAFKA_STATE_DIR"]) / "broker.json").read_text())
     pid, workdir = state["pid"], Path(state["workdir"])
     assert state["bootstrap"] == bootstrap and state["pgid"] == pid and workdir.is_dir()
     assert [b["pid"] for b in state["brokers"]] == [pid]
@@ -162,7 +166,7 @@ def test_cli_start_twice_status_stop(cli_env: dict[str, str]) -> None:
     assert stopped.returncode == 0, stopped.stderr
     assert gone(pid), f"broker pid {pid} still exists after stop"
     assert not workdir.exists()
-    assert not (Path(cli_env["REWARDSTREAM_CACHE_DIR"]) / "broker.json").exists()
+    assert not (Path(cli_env["REWARDSTREAM_KAFKA_STATE_DIR"]) / "broker.json").exists()
 
     status = cli(cli_env, "status")
     assert (status.returncode, status.stdout.strip()) == (1, "not running")
@@ -172,7 +176,7 @@ def test_cli_start_twice_status_stop(cli_env: dict[str, str]) -> None:
 
 def test_cli_cleans_stale_state(cli_env: dict[str, str]) -> None:
     workdir = Path(tempfile.mkdtemp(prefix=kafka_local.WORKDIR_PREFIX))
-    cache = Path(cli_env["REWARDSTREAM_CACHE_DIR"])
+    cache = Path(cli_env["REWARDSTREAM_KAFKA_STATE_DIR"])
     cache.mkdir(parents=True)
     proc = subprocess.Popen(["true"])
     proc.wait()  # its pid has certainly exited: the state file is stale
@@ -184,6 +188,38 @@ def test_cli_cleans_stale_state(cli_env: dict[str, str]) -> None:
     assert not (cache / "broker.json").exists() and not workdir.exists()
     stopped = cli(cli_env, "stop")
     assert (stopped.returncode, stopped.stdout.strip()) == (0, "not running")
+
+
+@pytest.mark.usefixtures("reap_leftover")
+def test_each_state_folder_sees_and_stops_only_its_own_broker(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Two projects (or two people) on one machine: a broker started for one is not "already
+    running" for the other, and the other's ``stop`` never touches it."""
+    started = cli(cli_env, "start")
+    assert started.returncode == 0, started.stderr
+    pid = json.loads((Path(cli_env["REWARDSTREAM_KAFKA_STATE_DIR"]) / "broker.json").read_text())
+    other = {k: v for k, v in cli_env.items() if k != "REWARDSTREAM_KAFKA_STATE_DIR"}
+    project = tmp_path / "project"
+    project.mkdir()
+    status = subprocess.run(
+        [sys.executable, "-m", "rewardstream.kafka_local", "kafka", "status"],
+        env=other,
+        cwd=project,  # the default state folder: the project's .rewardstream/kafka
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (status.returncode, status.stdout.strip()) == (1, "not running")
+    assert (project / ".rewardstream" / "kafka").is_dir()
+    elsewhere = ["--state-dir", str(tmp_path / "elsewhere")]
+    stopped = cli(cli_env, "stop", *elsewhere)
+    assert (stopped.returncode, stopped.stdout.strip()) == (0, "not running")
+    assert not gone(pid["pid"], timeout=0)  # still running
+    assert cli(cli_env, "status").returncode == 0
+    assert cli(cli_env, "stop").returncode == 0
+    assert gone(pid["pid"])
 
 
 def test_local_broker_context_manager(kafka_libs: Path) -> None:
@@ -232,7 +268,7 @@ def test_cli_cluster_status_degraded_stop(cli_env: dict[str, str]) -> None:
     assert started.returncode == 0, started.stderr
     bootstrap = started.stdout.strip().splitlines()[-1].removeprefix("bootstrap=")
     assert len(bootstrap.split(",")) == 3
-    state = json.loads((Path(cli_env["REWARDSTREAM_CACHE_DIR"]) / "broker.json").read_text())
+    state = json.loads((Path(cli_env["REWARDSTREAM_KAFKA_STATE_DIR"]) / "broker.json").read_text())
     pids = [b["pid"] for b in state["brokers"]]
     workdirs = [Path(b["workdir"]) for b in state["brokers"]]
     assert state["bootstrap"] == bootstrap and len(set(pids)) == 3
