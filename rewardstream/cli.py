@@ -37,6 +37,7 @@ from rewardstream.overrides import parse_overrides
 __all__ = ["main", "ng_reward_profile"]
 
 _PROFILE_REQUIRED = ("materialized_inputs_jsonl_fpath", "rollouts_jsonl_fpath")
+_PROFILE_NAMES = ("+materialized_inputs_jsonl_fpath", "+rollouts_jsonl_fpath")  # in errors
 _PROFILE_USAGE = """\
 usage: ng_reward_profile +materialized_inputs_jsonl_fpath=M +rollouts_jsonl_fpath=R \
 [++allow_partial_rollouts=True] [+quiet=true]
@@ -55,7 +56,11 @@ options:
   --version                              show the version and exit"""
 
 
-def _profile(prog: str, config: dict[str, Any]) -> int:
+def _profile(
+    prog: str, config: dict[str, Any], names: tuple[str, str] = ("--inputs", "--rollouts")
+) -> int:
+    """Profile as ``ng_reward_profile`` does; ``names``: how the user gave the two files, for
+    the error that names one."""
     from pydantic import ValidationError
 
     from rewardstream.batch import ProfileConfig, print_summary, run_profile
@@ -73,6 +78,8 @@ def _profile(prog: str, config: dict[str, Any]) -> int:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         return fail(prog, f"invalid configuration {field!r}: {err['msg']}")
+    check_input_file(cfg.materialized_inputs_jsonl_fpath, names[0])
+    check_input_file(cfg.rollouts_jsonl_fpath, names[1])
     try:
         profile, paths = run_profile(cfg)
     except ProfileError as exc:
@@ -87,7 +94,10 @@ def ng_reward_profile(argv: Sequence[str] | None = None) -> int:
     """``ng_reward_profile +materialized_inputs_jsonl_fpath=M +rollouts_jsonl_fpath=R``."""
     prog = "ng_reward_profile"
     return override_command(
-        prog, lambda: _PROFILE_USAGE, argv, lambda args: _profile(prog, parse_overrides(args))
+        prog,
+        lambda: _PROFILE_USAGE,
+        argv,
+        lambda args: _profile(prog, parse_overrides(args), _PROFILE_NAMES),
     )
 
 

@@ -105,7 +105,7 @@ def test_missing_file_and_directory(
     assert run(inputs.with_name("nope.jsonl"), rollouts) == 2
     assert "Input file not found: '" in capsys.readouterr().err
     assert run(inputs, inputs.parent) == 2
-    assert "(--rollouts)" in capsys.readouterr().err
+    assert "(+rollouts_jsonl_fpath)" in capsys.readouterr().err  # as the user gave it
 
 
 def test_missing_configuration(capsys: pytest.CaptureFixture[str]) -> None:
