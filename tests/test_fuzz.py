@@ -481,9 +481,9 @@ def test_missing_and_unreadable_paths() -> None:
         before = fingerprint(files.folder)
         nope = files.folder / "nope.jsonl"
         cases = [
-            (nope, files.rollouts, r"Input file not found: '.*nope\.jsonl' \(--inputs\)"),
-            (files.inputs, nope, r"Input file not found: '.*nope\.jsonl' \(--rollouts\)"),
-            (files.inputs, files.folder, r"Input path is not a regular file: '.*' \(--rollouts\)"),
+            (nope, files.rollouts, r"Input file not found: '.*nope\.jsonl' \(\+materialized_"),
+            (files.inputs, nope, r"Input file not found: '.*nope\.jsonl' \(\+rollouts_jsonl_"),
+            (files.inputs, files.folder, r"Input path is not a regular file: '.*' \(\+rollouts_"),
             (Path("/dev/null"), files.rollouts, r"Input path is not a regular file: '/dev/null'"),
         ]
         for inputs, rollouts, pattern in cases:
