@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
@@ -281,8 +281,7 @@ class Pipeline:
             checked = [checked_row(event.row) for event in events]
         except RewardstreamError:
             return None
-        runs = self.runs
-        if any((r := runs.get(event.run_id)) is not None and r.terminal for event in events):
+        if self._any_terminal({event.run_id for event in events}):
             return None
         parts: dict[str, Part] = {}
         duplicates = 0
@@ -293,11 +292,7 @@ class Pipeline:
             duplicates += not part.add_input(event, row)
         if duplicates and self.metrics:
             self.metrics.duplicate("input", duplicates)
-        now = time.monotonic()
-        touched = [self.run(run_id) for run_id in parts]
-        for run in touched:
-            run.seen = now
-        return touched
+        return self._touched(parts)
 
     def _after_final(
         self, run_id: str, kind: EventKind, raw: bytes, unit: str, offset: int | None
@@ -333,8 +328,7 @@ class Pipeline:
         if events is None:
             return None
         by_run = _by_run(events)
-        runs = self.runs
-        if any((r := runs.get(run_id)) is not None and r.terminal for run_id in by_run):
+        if self._any_terminal(by_run):
             return None
         return self._fold(unit, by_run, first)
 
@@ -342,6 +336,18 @@ class Pipeline:
         """A batch holds an event over ``max_event_bytes`` (:meth:`handle` rejects it)."""
         limit = self.max_event_bytes
         return limit is not None and max(map(len, raws), default=0) > limit
+
+    def _any_terminal(self, run_ids: Iterable[str]) -> bool:
+        """One of the runs has its terminal record: its events need :meth:`_after_final`."""
+        return any((r := self.runs.get(run_id)) is not None and r.terminal for run_id in run_ids)
+
+    def _touched(self, run_ids: Iterable[str]) -> list[Run]:
+        """The runs a batch added to, marked as heard of now (eviction counts from there)."""
+        now = time.monotonic()
+        runs = [self.run(run_id) for run_id in run_ids]
+        for run in runs:
+            run.seen = now
+        return runs
 
     def _fold(self, unit: str, by_run: dict[str, list[Rollout]], first: int | None) -> list[Run]:
         """Add decoded rollouts, by run, to their runs' parts (dropping those seen before)."""
@@ -353,11 +359,7 @@ class Pipeline:
                 self.metrics.rollouts(new)
                 if part.duplicates > before:
                     self.metrics.duplicate("rollout", part.duplicates - before)
-        now = time.monotonic()
-        runs = [self.run(run_id) for run_id in by_run]
-        for run in runs:
-            run.seen = now
-        return runs
+        return self._touched(by_run)
 
     def _announced(self, run_id: str) -> bool:
         """A run_started was seen, or the run has its terminal record (its run_started may have

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import os
 import random
-import stat
 import sys
 import tempfile
 import time
@@ -63,7 +62,7 @@ from rewardstream.contract import BadEvent, RunFinished, RunStarted, Topics, che
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.jsonl import parse_line
 from rewardstream.overrides import parse_overrides
-from sinks.files import ProfilePaths, file_kind, profile_lines, write_files
+from sinks.files import ProfilePaths, check_replaceable, profile_lines, write_files
 
 __all__ = ["CollectConfig", "CollectReport", "CollectionPaths", "collect", "main"]
 
@@ -308,17 +307,9 @@ def _check_outputs(cfg: CollectConfig, paths: CollectionPaths, resume: bool) -> 
     except OSError:
         source = None  # materialize() says why
     for path in paths:
-        try:
-            st = os.stat(path)  # a symlink is judged by what it points to
-        except FileNotFoundError:
+        st = check_replaceable(path, f" (+output_jsonl_fpath={cfg.output_jsonl_fpath})")
+        if st is None:
             continue
-        except OSError as exc:
-            raise InputError(f"Cannot write '{path}': {exc.strerror or exc}") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(
-                f"Cannot write '{path}' (+output_jsonl_fpath={cfg.output_jsonl_fpath}): it is "
-                f"{file_kind(st.st_mode)}, not a regular file; refusing to replace it"
-            )
         if source is not None and (st.st_dev, st.st_ino) == (source.st_dev, source.st_ino):
             raise InputError(
                 f"Cannot write '{path}': it is the input file "

@@ -223,12 +223,10 @@ async def start_client(client: _Client, bootstrap: str, security: KafkaSecurity)
             with contextlib.suppress(Exception):
                 await asyncio.shield(close())
         raise
-    else:
-        logger.removeFilter(held)
-        for record in held.held:
-            logger.handle(record)
     finally:
         logger.removeFilter(held)
+    for record in held.held:  # started: one bootstrap server of several was down
+        logger.handle(record)
 
 
 async def _explain(bootstrap: str, security: KafkaSecurity) -> str:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # annotations only: the snapshot client writes files without 
 __all__ = [
     "InputsFile",
     "ProfilePaths",
-    "file_kind",
+    "check_replaceable",
     "summary_lines",
     "task_lines",
     "write_files",
@@ -130,7 +130,7 @@ def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:
     is refused before anything is written (renaming over it would destroy it).
     """
     for target, _ in files:
-        _check_replaceable(target)
+        check_replaceable(target)
     temps: list[tuple[str, Path]] = []
     moved: list[tuple[Path, str]] = []  # (target, backup of what was there)
     placed: list[Path] = []
@@ -178,25 +178,27 @@ def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:
                 os.rmdir(folder)
 
 
-def _check_replaceable(target: Path) -> None:
+def check_replaceable(target: Path, given: str = "") -> os.stat_result | None:
     """Refuse a target that exists and is not a regular file (a symlink is judged by what it
-    points to; a dangling one is replaced)."""
+    points to; a dangling one is replaced); its stat, None when there is none. ``given``:
+    how the user named it (`` (+output_jsonl_fpath=...)``), after the path in the error."""
     try:
-        mode = os.stat(target).st_mode
+        found = os.stat(target)
     except FileNotFoundError:
-        return
+        return None
     except OSError as exc:
-        raise InputError(f"Cannot write '{target}': {exc.strerror or exc}") from None
-    if stat.S_ISDIR(mode):
-        raise InputError(f"Cannot write '{target}': Is a directory")
-    if not stat.S_ISREG(mode):
+        raise InputError(f"Cannot write '{target}'{given}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(found.st_mode):
+        raise InputError(f"Cannot write '{target}'{given}: Is a directory")
+    if not stat.S_ISREG(found.st_mode):
         raise InputError(
-            f"Cannot write '{target}': it is {file_kind(mode)}, not a regular file; "
-            "refusing to replace it"
+            f"Cannot write '{target}'{given}: it is {_file_kind(found.st_mode)}, not a regular "
+            "file; refusing to replace it"
         )
+    return found
 
 
-def file_kind(mode: int) -> str:
+def _file_kind(mode: int) -> str:
     """What a non-regular file is, in words, for an error message."""
     for test, name in (
         (stat.S_ISDIR, "a directory"),
