@@ -110,13 +110,13 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from bench.generate import generate
-from processors.pipeline import EventKind
 from rewardstream.batch import ProfileConfig, run_profile
 from rewardstream.contract import Topics, task_key
 from rewardstream.engine_contract import EngineTopics, FinalRecord
 from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import LocalBroker, LocalCluster
-from sinks.profiles import ensure_topics, list_finals, read_finals, read_to_end
+from rewardstream.processors.pipeline import EventKind
+from rewardstream.sinks.profiles import ensure_topics, list_finals, read_finals, read_to_end
 from tests.golden import OUTPUT_SUFFIXES, file_events
 from tests.processes import Processor, make_topics, send_events
 

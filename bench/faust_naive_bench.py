@@ -5,7 +5,7 @@
 Pre-fills a topic with rollout events, then runs ``bench/faust_naive_app.py`` as a real
 ``faust worker`` and times it from its ``Ready`` log line until it has folded every event
 (into two changelog-backed tables: count and reward sum per agent). The same events are then
-consumed by :class:`processors.stream.StreamProcessor` (dedupe, full extraction, exact
+consumed by :class:`rewardstream.processors.stream.StreamProcessor` (dedupe, full extraction, exact
 per-value storage), timed from its first record until all are folded.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from bench.measure import kafka_workspace
-from processors.records import extract_result
-from processors.stream import StreamProcessor
 from rewardstream.contract import Topics, encode_rollout, task_key
+from rewardstream.processors.records import extract_result
+from rewardstream.processors.stream import StreamProcessor
 
 HERE = Path(__file__).resolve().parent
 

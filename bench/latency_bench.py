@@ -23,9 +23,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.measure import kafka_workspace
-from processors.records import extract_result
-from processors.stream import StreamProcessor
 from rewardstream.contract import Topics, encode_rollout, task_key
+from rewardstream.processors.records import extract_result
+from rewardstream.processors.stream import StreamProcessor
 
 
 def quantiles(processor: StreamProcessor, qs: tuple[float, ...]) -> dict[float, float]:

@@ -27,9 +27,9 @@ import time
 import uuid
 from pathlib import Path
 
-from producers.publish import PublishReport, publish_files
 from rewardstream.contract import Topics
 from rewardstream.kafka_local import LocalBroker
+from rewardstream.producers.publish import PublishReport, publish_files
 
 HERE = Path(__file__).resolve().parent
 

@@ -25,13 +25,13 @@ from pathlib import Path
 
 from bench.generate import generate
 from bench.measure import tree_rss_kb
-from processors.http import make_app, serve
-from processors.pipeline import Pipeline
-from processors.snapshot import SnapshotJob
-from producers.events import input_events, rollout_events
 from rewardstream.contract import RunStarted, encode
 from rewardstream.kafka_local import free_port
-from sinks.snapshot_wire import receive
+from rewardstream.processors.http import make_app, serve
+from rewardstream.processors.pipeline import Pipeline
+from rewardstream.processors.snapshot import SnapshotJob
+from rewardstream.producers.events import input_events, rollout_events
+from rewardstream.sinks.snapshot_wire import receive
 
 
 def main() -> None:

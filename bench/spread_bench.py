@@ -37,8 +37,8 @@ from pathlib import Path
 from bench.generate import generate
 from bench.measure import kafka_workspace
 from bench.stream_bench import prefill
-from producers.events import WireEvent, input_events, rollout_events
 from rewardstream.contract import RunStarted, Topics, encode
+from rewardstream.producers.events import WireEvent, input_events, rollout_events
 from tests.processes import Processor, make_topics
 
 PARTITIONS = 4

@@ -4,9 +4,9 @@
 
 Generates a collection (bench/generate.py) and writes its events to fresh topics. Then:
 
-1. **mixed**: a :class:`processors.stream.StreamProcessor` starts on topics holding every input
-   row and every rollout, and is timed from partition assignment until the run's final profile
-   is written (consume + decode + dedupe + fold + final build and write);
+1. **mixed**: a :class:`rewardstream.processors.stream.StreamProcessor` starts on topics holding
+   every input row and every rollout, and is timed from partition assignment until the run's final
+   profile is written (consume + decode + dedupe + fold + final build and write);
 2. **rollouts**: the production shape, where a collection's inputs arrive before its rollouts:
    a processor on topics holding both consumes the inputs with the rollouts partition paused,
    then is timed from the first slice it folds after the resumption (the resumed fetch's own
@@ -29,10 +29,10 @@ from aiokafka import AIOKafkaProducer
 
 from bench.generate import generate
 from bench.measure import kafka_workspace
-from processors.runs import Run
-from processors.stream import StreamProcessor
-from producers.events import WireEvent, input_events, rollout_events
 from rewardstream.contract import RunStarted, Topics, encode
+from rewardstream.processors.runs import Run
+from rewardstream.processors.stream import StreamProcessor
+from rewardstream.producers.events import WireEvent, input_events, rollout_events
 
 
 async def prefill(bootstrap: str, topics: Topics, events: list[WireEvent]) -> None:

@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from gym_servers.base import (
+from rewardstream.gym_servers.base import (
     ServerSpec,
     base_app,
     json_body,
@@ -26,8 +26,13 @@ from gym_servers.base import (
     serve_from_env,
     with_closing,
 )
-from gym_servers.client import JsonClient, UpstreamError
-from gym_servers.schemas import ResponsesRequest, add_usage, input_messages, validation_detail
+from rewardstream.gym_servers.client import JsonClient, UpstreamError
+from rewardstream.gym_servers.schemas import (
+    ResponsesRequest,
+    add_usage,
+    input_messages,
+    validation_detail,
+)
 
 __all__ = ["build_app", "main"]
 

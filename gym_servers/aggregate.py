@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from processors.profile import build_profile
-from processors.state import ProfileState, row_key
+from rewardstream.processors.profile import build_profile
+from rewardstream.processors.state import ProfileState, row_key
 
 __all__ = ["aggregate_metrics"]
 

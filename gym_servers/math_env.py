@@ -5,7 +5,8 @@ dataset (``gym_servers/data/arithmetic.jsonl``), solving a problem from its text
 policy reads the question like a model would, it is not handed the answer), and knowing how
 many steps a problem takes (its difficulty).
 
-    python -m gym_servers.math_env --count 300 --seed 0 --out gym_servers/data/arithmetic.jsonl
+    python -m rewardstream.gym_servers.math_env --count 300 --seed 0 \
+        --out gym_servers/data/arithmetic.jsonl
 """
 
 from __future__ import annotations

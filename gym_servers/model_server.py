@@ -5,9 +5,10 @@ Two modes, chosen by the config:
 - **proxy** when ``openai_base_url`` is set (NeMo Gym's ``${policy_base_url}``): requests are
   relayed to that OpenAI-compatible endpoint (vLLM, OpenAI, ...) with ``openai_api_key`` as the
   bearer token and ``openai_model`` as the model. The key is never logged or served back.
-- **simulated** otherwise: the offline :class:`~gym_servers.simulated_policy.SimulatedPolicy`,
-  configured by the ``simulated_policy`` block; every reply says ``"model": "<name>"`` with the
-  configured name (default ``simulated-policy``) and ``"simulated": true`` in its metadata.
+- **simulated** otherwise: the offline
+  :class:`~rewardstream.gym_servers.simulated_policy.SimulatedPolicy`, configured by the
+  ``simulated_policy`` block; every reply says ``"model": "<name>"`` with the configured name
+  (default ``simulated-policy``) and ``"simulated": true`` in its metadata.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, web
 from pydantic import ValidationError
 
-from gym_servers.base import (
+from rewardstream.gym_servers.base import (
     Handler,
     ServerSpec,
     base_app,
@@ -33,8 +34,13 @@ from gym_servers.base import (
     serve_from_env,
     with_closing,
 )
-from gym_servers.schemas import ResponsesRequest, input_messages, validation_detail
-from gym_servers.simulated_policy import Completion, PolicyConfig, SimulatedPolicy, request_seed
+from rewardstream.gym_servers.schemas import ResponsesRequest, input_messages, validation_detail
+from rewardstream.gym_servers.simulated_policy import (
+    Completion,
+    PolicyConfig,
+    SimulatedPolicy,
+    request_seed,
+)
 
 __all__ = ["build_app", "main"]
 

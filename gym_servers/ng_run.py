@@ -30,7 +30,9 @@ from typing import IO, Any
 import yaml
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-from gym_servers.base import (
+from rewardstream.command import override_command
+from rewardstream.errors import InputError
+from rewardstream.gym_servers.base import (
     DEFAULT_HOST,
     ServerSpec,
     base_app,
@@ -38,8 +40,6 @@ from gym_servers.base import (
     redacted,
     server_specs,
 )
-from rewardstream.command import override_command
-from rewardstream.errors import InputError
 from rewardstream.overrides import parse_overrides
 
 __all__ = ["BUNDLED_CONFIG", "ServerGroup", "load_config", "main"]

@@ -13,8 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gym_servers.aggregate import aggregate_metrics
-from gym_servers.base import (
+from rewardstream.errors import RewardstreamError
+from rewardstream.gym_servers.aggregate import aggregate_metrics
+from rewardstream.gym_servers.base import (
     ServerSpec,
     base_app,
     json_body,
@@ -22,8 +23,7 @@ from gym_servers.base import (
     request_limit,
     serve_from_env,
 )
-from gym_servers.math_env import verify
-from rewardstream.errors import RewardstreamError
+from rewardstream.gym_servers.math_env import verify
 
 __all__ = ["build_app", "main"]
 

@@ -2,10 +2,10 @@
 
 It exists so that collection, profiling and the demo run offline and reproducibly. It reads
 the question, solves problems of the bundled arithmetic kind exactly
-(:func:`gym_servers.math_env.solve`), and then answers right with a probability that depends on
-the task: more steps and more digits make a problem harder. At temperature 0 it is greedy (right
-exactly when that probability is at least one half, whatever the seed); otherwise the outcome is
-drawn from a generator seeded by the request's seed (``metadata.extra_body`` as NeMo Gym stamps
+(:func:`rewardstream.gym_servers.math_env.solve`), and then answers right with a probability that
+depends on the task: more steps and more digits make a problem harder. At temperature 0 it is greedy
+(right exactly when that probability is at least one half, whatever the seed); otherwise the outcome
+is drawn from a generator seeded by the request's seed (``metadata.extra_body`` as NeMo Gym stamps
 it, or ``seed``), the model name and the prompt, so the same request always gets the same answer.
 Without a seed it draws from one server-wide stream. Usage counts about one token per word or
 punctuation mark of the text in and out; latency is a time to first token plus a time per output
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from gym_servers.math_env import format_number, solve
+from rewardstream.gym_servers.math_env import format_number, solve
 
 __all__ = ["Completion", "PolicyConfig", "SimulatedPolicy"]
 

@@ -10,7 +10,7 @@ only; ``lint-imports`` checks it, see pyproject.toml):
 - adapters, which act: ``stream`` (Kafka), ``http``, ``snapshot`` (forked builders),
   ``inprocess`` (the embedded transport).
 
-Names load on first use, so a light submodule (``processors.records``) imports without numpy:
+Names load on first use, so a light submodule (``records``) imports without numpy:
 command-line start-up counts in a snapshot's latency.
 """
 
@@ -20,10 +20,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from processors.profile import CompletionSummary, Profile, TaskRow, TaskRows, build_profile
-    from processors.records import ResultRecord, extract_result
-    from processors.state import ProfileState
-    from processors.welford import Moments, RunningStats
+    from rewardstream.processors.profile import (
+        CompletionSummary,
+        Profile,
+        TaskRow,
+        TaskRows,
+        build_profile,
+    )
+    from rewardstream.processors.records import ResultRecord, extract_result
+    from rewardstream.processors.state import ProfileState
+    from rewardstream.processors.welford import Moments, RunningStats
 
 __all__ = [
     "CompletionSummary",
@@ -54,5 +60,5 @@ _HOME = {
 
 def __getattr__(name: str) -> Any:
     if name not in _HOME:
-        raise AttributeError(f"module 'processors' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"processors.{_HOME[name]}"), name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

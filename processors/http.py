@@ -18,13 +18,13 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from processors.partwire import PART_LIST_TYPE, encode_answer
-from processors.pipeline import Pipeline
-from processors.runs import PartView
-from processors.snapshot import SnapshotJob
 from rewardstream.errors import InputError, RewardstreamError
-from sinks.files import ProfilePaths
-from sinks.snapshot_wire import MEDIA_TYPE, SnapshotError
+from rewardstream.processors.partwire import PART_LIST_TYPE, encode_answer
+from rewardstream.processors.pipeline import Pipeline
+from rewardstream.processors.runs import PartView
+from rewardstream.processors.snapshot import SnapshotJob
+from rewardstream.sinks.files import ProfilePaths
+from rewardstream.sinks.snapshot_wire import MEDIA_TYPE, SnapshotError
 
 __all__ = ["Peers", "make_app", "serve"]
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from processors.pipeline import Pipeline, Rejected
-from processors.runs import Done, PartView, Run, merge_parts
-from producers.events import input_events, rollout_events
 from rewardstream.contract import RunFinished, RunStarted, checked, encode
 from rewardstream.errors import InputError
-from sinks.files import ProfilePaths, write_final
+from rewardstream.processors.pipeline import Pipeline, Rejected
+from rewardstream.processors.runs import Done, PartView, Run, merge_parts
+from rewardstream.producers.events import input_events, rollout_events
+from rewardstream.sinks.files import ProfilePaths, write_final
 
 __all__ = ["finish", "stream_files"]
 

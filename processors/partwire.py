@@ -22,10 +22,10 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from processors.profile import sampled_rows
-from processors.runs import Part
-from processors.state import InfoBytes, ProfileState, Section
 from rewardstream.errors import RewardstreamError
+from rewardstream.processors.profile import sampled_rows
+from rewardstream.processors.runs import Part
+from rewardstream.processors.state import InfoBytes, ProfileState, Section
 
 __all__ = [
     "FORMAT",
@@ -103,7 +103,7 @@ def encode_parts(parts: Sequence[tuple[Part, Mapping[str, str | int]]]) -> bytes
     ``BufferError``). Each part's ``identity`` (run, unit, group...) goes into its header,
     where the receiver checks the fields it expects (:func:`decode_parts`). An input part
     sends only the ``sample`` rows that a profile can still read given the results of these
-    parts (:func:`processors.profile.sampled_rows`)."""
+    parts (:func:`rewardstream.processors.profile.sampled_rows`)."""
     return b"".join(_body(parts))
 
 
@@ -119,8 +119,8 @@ def _body(parts: Sequence[tuple[Part, Mapping[str, str | int]]]) -> list[Section
 
 
 class ReceivedPart:
-    """A part decoded from a peer's answer: a :class:`processors.runs.PartView`, so
-    :func:`processors.runs.merge_parts` takes it with local parts.
+    """A part decoded from a peer's answer: a :class:`rewardstream.processors.runs.PartView`, so
+    :func:`rewardstream.processors.runs.merge_parts` takes it with local parts.
 
     Its ``sample`` rows and ``rollout_infos`` entries stay where they arrived (read in place:
     the buffer is immutable bytes, so holding slices of it blocks nothing). ``header`` is the

@@ -1,12 +1,12 @@
 """The engine's decisions: decode, route to the run's part, know when a run can be finished.
 
-The Kafka processor (:mod:`processors.stream`) and the in-process transport both hand raw event
-bytes to :meth:`Pipeline.handle`, naming the unit (topic-partition) they came from and, from
-Kafka, the offset; everything after the bytes is shared, so the embedded default and the Kafka
+The Kafka processor (:mod:`rewardstream.processors.stream`) and the in-process transport both hand
+raw event bytes to :meth:`Pipeline.handle`, naming the unit (topic-partition) they came from and,
+from Kafka, the offset; everything after the bytes is shared, so the embedded default and the Kafka
 deployment write identical files. With several processors in one consumer group each pipeline
 owns some units; what the others hold is known from their member records
 (:meth:`Pipeline.set_remote`), and their parts travel as versioned bytes
-(:mod:`processors.partwire`), never through a shared disk.
+(:mod:`rewardstream.processors.partwire`), never through a shared disk.
 
 State is rebuilt from the data topics themselves: the fold is deterministic and deduplication
 is per unit, so replaying a unit from :meth:`Pipeline.replay_start` (the first offset of any run
@@ -25,20 +25,6 @@ from typing import Literal, NamedTuple, Protocol
 
 from pydantic import ValidationError
 
-from processors.runs import (
-    Counts,
-    Done,
-    Merged,
-    Part,
-    PartCounts,
-    PartView,
-    Run,
-    Unit,
-    checked_row,
-    merge_parts,
-    tasks_by_part,
-)
-from processors.state import row_key, row_names
 from rewardstream.contract import (
     RejectReason,
     Rollout,
@@ -53,6 +39,20 @@ from rewardstream.contract import (
 )
 from rewardstream.errors import RewardstreamError
 from rewardstream.names import ProfilePaths
+from rewardstream.processors.runs import (
+    Counts,
+    Done,
+    Merged,
+    Part,
+    PartCounts,
+    PartView,
+    Run,
+    Unit,
+    checked_row,
+    merge_parts,
+    tasks_by_part,
+)
+from rewardstream.processors.state import row_key, row_names
 
 __all__ = [
     "Counters",
@@ -70,7 +70,7 @@ EventKind = Literal["input", "rollout", "control"]
 
 
 class Counters(Protocol):
-    """What the engine counts as it decides (:class:`sinks.metrics.Metrics` is one)."""
+    """What the engine counts as it decides (:class:`rewardstream.sinks.metrics.Metrics` is one)."""
 
     def rollouts(self, events: Sequence[Rollout]) -> None: ...
 
@@ -398,7 +398,7 @@ class Pipeline:
 
     def mark_final(self, run_id: str, terminal: Done) -> list[Late]:
         """The run has its terminal record (written here or by another processor): retire its
-        parts (memory and spill files go, the counts stay; see :mod:`processors.runs`).
+        parts (memory and spill files go, the counts stay; see :mod:`rewardstream.processors.runs`).
 
         Returns the owned units that had consumed events of the run past the record's cut
         (folded before this processor heard of the record): they are in no profile, and the
@@ -446,7 +446,8 @@ class Pipeline:
     ) -> SnapshotSource:
         """The run's parts merged, own and ``received`` from their owners, with the offsets
         they cover. Reads the live state: call it where the state cannot change under it, i.e.
-        in a forked child (:class:`processors.snapshot.SnapshotJob`). KeyError: unknown run."""
+        in a forked child (:class:`rewardstream.processors.snapshot.SnapshotJob`). KeyError: unknown
+        run."""
         run = self.runs[run_id]
         parts: dict[str, PartView] = {**received, **run.parts}
         merged = merge_parts(parts[n] for n in sorted(parts))

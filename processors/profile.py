@@ -16,9 +16,9 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from processors.kernels import GroupStats, Summary, describe_groups, summarize_present
-from processors.state import InfoBytes, ProfileState
 from rewardstream.errors import ProfileError
+from rewardstream.processors.kernels import GroupStats, Summary, describe_groups, summarize_present
+from rewardstream.processors.state import InfoBytes, ProfileState
 
 __all__ = [
     "CompletionSummary",

@@ -4,8 +4,8 @@ Framework-free: the Kafka processor and the in-process pipeline both feed decode
 
 - A :class:`Unit` is one partition of the inputs or rollouts topic: the next offset to consume
   and a :class:`Part` per run. Units are what moves between processors of one consumer group
-  (each rebuilt from Kafka by its new owner, :mod:`processors.stream`), so a part's key set is
-  all the deduplication a run needs: every event of a task is keyed to the same partition.
+  (each rebuilt from Kafka by its new owner, :mod:`rewardstream.processors.stream`), so a part's key
+  set is all the deduplication a run needs: every event of a task is keyed to the same partition.
 - A :class:`Part` is one unit's share of one run: a :class:`ProfileState` with the events
   applied once, and for input parts a spill file of ``sample`` rows on disk (the state keeps
   only their offsets), so memory stays with the numbers.
@@ -15,9 +15,9 @@ Framework-free: the Kafka processor and the in-process pipeline both feed decode
 Once a run's final profile is written, its parts are *retired* (:meth:`Part.retire`): state,
 key set and spill file are dropped and a :class:`Final` tombstone keeps its counts, so a
 long-lived processor holds only the runs still being collected. Later events of the run never
-reach a retired part (:meth:`processors.pipeline.Pipeline.handle` skips or rejects them), so it
-needs no key set: ~15 B per rollout of every done run, kept forever, would be the very growth
-this avoids.
+reach a retired part (:meth:`rewardstream.processors.pipeline.Pipeline.handle` skips or rejects
+them), so it needs no key set: ~15 B per rollout of every done run, kept forever, would be the very
+growth this avoids.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import orjson
 
-from processors.state import LOCATOR_BITS, InfoBytes, ProfileState, row_key, row_names
-from processors.welford import RunningStats
 from rewardstream.contract import Input, Rollout, RunStarted
 from rewardstream.errors import InvalidRow
+from rewardstream.processors.state import LOCATOR_BITS, InfoBytes, ProfileState, row_key, row_names
+from rewardstream.processors.welford import RunningStats
 
 __all__ = [
     "CheckedRow",
@@ -475,7 +475,7 @@ class PartView(Protocol):
     """What a merge needs of a part: its state, the ``rollout_infos`` entries it moved out of
     the state, and a reader of its ``sample`` rows by locator (None when it has no input
     rows). A local :class:`Part` is one; so is a part received from another processor
-    (:mod:`processors.partwire`)."""
+    (:mod:`rewardstream.processors.partwire`)."""
 
     @property
     def state(self) -> ProfileState: ...

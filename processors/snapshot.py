@@ -6,7 +6,7 @@ profile's numbers are built, a helper child renders the second half of the task 
 agent-level files while the first renders and sends the first half, so a snapshot uses two
 cores.
 
-The wire form and the client end are in :mod:`sinks.snapshot_wire`.
+The wire form and the client end are in :mod:`rewardstream.sinks.snapshot_wire`.
 """
 
 from __future__ import annotations
@@ -25,12 +25,20 @@ from typing import BinaryIO
 
 import orjson
 
-from processors.pipeline import Pipeline
-from processors.profile import build_profile
-from processors.runs import PartView
 from rewardstream.errors import RewardstreamError
-from sinks.files import ProfilePaths, task_lines
-from sinks.snapshot_wire import CHUNK, END, FRAME, HEAD_LIMIT, SnapshotError, SnapshotHead, frames
+from rewardstream.processors.pipeline import Pipeline
+from rewardstream.processors.profile import build_profile
+from rewardstream.processors.runs import PartView
+from rewardstream.sinks.files import ProfilePaths, task_lines
+from rewardstream.sinks.snapshot_wire import (
+    CHUNK,
+    END,
+    FRAME,
+    HEAD_LIMIT,
+    SnapshotError,
+    SnapshotHead,
+    frames,
+)
 
 __all__ = ["SnapshotJob"]
 

@@ -1,12 +1,12 @@
 """The profile state: everything the final profile needs, kept compactly, mergeable.
 
 Rows (materialized inputs) and results (rollouts) are appended in any order; a profile can be
-built from the state at any moment (:mod:`processors.profile`). What is kept per rollout is only
-what some output needs: the key, the numeric values (8 bytes each, in typed ``array`` buffers:
-exact sums and medians need them), the serialized ``rollout_infos`` entry, and per materialized
-row the agent, environment server and a *locator* (e.g. a file offset) from which the sink reads
-the ``sample`` row back at write time. Values stay addressable by (task, rollout index), which
-pass@k-style aggregates need.
+built from the state at any moment (:mod:`rewardstream.processors.profile`). What is kept per
+rollout is only what some output needs: the key, the numeric values (8 bytes each, in typed
+``array`` buffers: exact sums and medians need them), the serialized ``rollout_infos`` entry, and
+per materialized row the agent, environment server and a *locator* (e.g. a file offset) from which
+the sink reads the ``sample`` row back at write time. Values stay addressable by (task, rollout
+index), which pass@k-style aggregates need.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from processors.records import ResultRecord, extract_result
-from processors.welford import Moments, RunningStats
 from rewardstream.errors import InvalidRow, MissingKey
+from rewardstream.processors.records import ResultRecord, extract_result
+from rewardstream.processors.welford import Moments, RunningStats
 
 __all__ = ["LOCATOR_BITS", "ProfileState", "row_key", "row_names"]
 
@@ -34,7 +34,7 @@ _DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
 
 InfoBytes = bytes | bytearray | memoryview | mmap.mmap
 """Serialized ``rollout_infos`` entries: in memory, a spill file's memory map, or a slice of a
-part received from another processor (:mod:`processors.partwire`)."""
+part received from another processor (:mod:`rewardstream.processors.partwire`)."""
 
 Section: TypeAlias = "InfoBytes | array[Any]"  # array is generic at run time from 3.12
 """Raw bytes of one section of a state's wire form (:meth:`ProfileState.export_columns`)."""
@@ -264,7 +264,7 @@ class ProfileState:
         self.info_end.extend(array("q", shifted.tobytes()))
         # live stats are not merged: the merged results are folded from their values instead
 
-    # -- wire form (processors.partwire): no pickle, so no code runs on decode ------------
+    # -- wire form (rewardstream.processors.partwire): no pickle, so no code runs on decode ---
     def export_columns(self, taken_infos: InfoBytes = b"") -> tuple[dict[str, Any], list[Section]]:
         """A JSON-able header and the raw sections it lists (``[name, typecode, bytes]``, back
         to back), everything :meth:`from_columns` rebuilds this state from.

@@ -2,8 +2,8 @@
 
 faust-streaming 0.15.3 was measured to lose a record when a restarted worker finds a backlog
 (README), so the processor is a plain aiokafka consumer feeding the engine's
-:class:`processors.pipeline.Pipeline`; its state lives in Kafka the way Kafka Streams' and Quix
-Streams' does (``../shared/spec/engine-on-kafka.md``):
+:class:`rewardstream.processors.pipeline.Pipeline`; its state lives in Kafka the way Kafka Streams'
+and Quix Streams' does (``../shared/spec/engine-on-kafka.md``):
 
 - **Data** (inputs and rollouts topics) is consumed in a consumer group with the range assignor,
   so partition ``p`` of both topics (the same tasks: both are keyed by task) goes to one
@@ -13,11 +13,12 @@ Streams' does (``../shared/spec/engine-on-kafka.md``):
   its disk, replays from there. ``--state-dir`` is scratch that may vanish at any time.
 - **Members** (``<prefix>.members``): each processor publishes what it owns (positions, counts
   per run) and where it serves its parts; peers learn from it when a run is complete and whom
-  to ask for a part. Parts travel over HTTP as versioned bytes (:mod:`processors.partwire`).
+  to ask for a part. Parts travel over HTTP as versioned bytes
+  (:mod:`rewardstream.processors.partwire`).
 - **Finals** (``<prefix>.finals`` and ``<prefix>.profiles``): the owner of ``rollout-0`` (the
   leader) merges every unit's part and writes the run's final files in one transaction
-  (:mod:`sinks.profiles`), which fences a paused-and-resumed leader; every processor reads the
-  final records, retires the run, and from then on parks the run's late events.
+  (:mod:`rewardstream.sinks.profiles`), which fences a paused-and-resumed leader; every processor
+  reads the final records, retires the run, and from then on parks the run's late events.
 - **Control** events are read by every processor, from the start, outside the group.
 """
 
@@ -50,10 +51,6 @@ from aiokafka import (
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError
 
-from processors.http import make_app, serve
-from processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
-from processors.pipeline import EventKind, Late, Pipeline, Rejected, RemoteUnit
-from processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
 from rewardstream.contract import Topics
 from rewardstream.engine_contract import (
     EngineTopics,
@@ -66,9 +63,13 @@ from rewardstream.engine_contract import (
 )
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
-from sinks.files import ProfilePaths, write_files, write_final
-from sinks.metrics import Metrics
-from sinks.profiles import (
+from rewardstream.processors.http import make_app, serve
+from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
+from rewardstream.processors.pipeline import EventKind, Late, Pipeline, Rejected, RemoteUnit
+from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
+from rewardstream.sinks.files import ProfilePaths, write_files, write_final
+from rewardstream.sinks.metrics import Metrics
+from rewardstream.sinks.profiles import (
     ensure_topics,
     fetch_profile,
     finals_of,

@@ -3,7 +3,8 @@
 These give live monitoring (Prometheus, partial glimpses) an O(1) read of mean, std, min and
 max per agent while rollouts stream in. They are *not* used for the written profile: NeMo Gym's
 numbers depend on numpy's pairwise summation order, so the final files are computed from the
-kept values by :mod:`processors.kernels`; the two agree to ~1e-12 relative (property-tested).
+kept values by :mod:`rewardstream.processors.kernels`; the two agree to ~1e-12 relative
+(property-tested).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``rewardstream publish``: the command-line face of :func:`producers.publish.publish_files`.
+"""``rewardstream publish``: the command-line face of
+:func:`rewardstream.producers.publish.publish_files`.
 
 Only :func:`add_parser` is public; the main CLI wires it in and turns a
 :class:`~rewardstream.errors.RewardstreamError` into one line and exit code 2, so errors are
@@ -18,7 +19,7 @@ from rewardstream import kafka_options
 from rewardstream.errors import InputError, LineError
 
 if TYPE_CHECKING:
-    from producers.publish import PublishReport
+    from rewardstream.producers.publish import PublishReport
 
 __all__ = ["add_parser"]
 
@@ -89,7 +90,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    from producers.run_id import default_run_id  # imported when run: see rewardstream.cli
+    from rewardstream.producers.run_id import (
+        default_run_id,
+    )  # imported when run: see rewardstream.cli
 
     try:
         report = asyncio.run(_publish(args))
@@ -117,10 +120,10 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 
 async def _wait(args: argparse.Namespace, run_id: str) -> list[str]:
-    from producers.wait import wait_profile
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
-    from sinks.files import profile_lines
+    from rewardstream.producers.wait import wait_profile
+    from rewardstream.sinks.files import profile_lines
 
     paths = await wait_profile(
         args.bootstrap,
@@ -135,9 +138,9 @@ async def _wait(args: argparse.Namespace, run_id: str) -> list[str]:
 
 
 async def _publish(args: argparse.Namespace) -> PublishReport:
-    from producers.publish import publish_files
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
+    from rewardstream.producers.publish import publish_files
 
     security = kafka_config.from_args(args)  # a bad setting fails before anything starts
     stop = asyncio.Event()

@@ -20,8 +20,8 @@ the sidecar (its ``route_failures_to_sidecar``) instead of aborting the run.
 With ``+kafka_bootstrap_servers`` every materialized row, ``RunStarted``, each completed rollout
 (as it completes) and ``RunFinished`` are published on the wire contract's topics, so a stream
 processor profiles the run live. The run id is ``+kafka_run_id`` or ``<stem>-<8 hex>`` derived
-from the materialized file's identity (:mod:`producers.run_id`, as ``rewardstream publish``
-derives it): a resumed run keeps its id, a fresh run gets a new one. With
+from the materialized file's identity (:mod:`rewardstream.producers.run_id`, as ``rewardstream
+publish`` derives it): a resumed run keeps its id, a fresh run gets a new one. With
 ``+kafka_wait_profile=true`` the collector then waits (``+kafka_wait_profile_timeout_s``, 600)
 for the processors' final profile and writes it next to the rollouts file, where
 ``ng_reward_profile`` would put it (``+kafka_group_id``: the processors' group, default
@@ -50,19 +50,19 @@ from aiohttp import ClientError, ClientSession, ClientTimeout
 from pydantic import ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
-from gym_servers.client import JsonClient
-from processors.pipeline import EventKind
-from producers.events import input_event, rollout_event
-from producers.live import EventSink, KafkaSink
-from producers.materialize import MaterializeOptions, materialize, write_rows
-from producers.run_id import default_run_id
-from producers.wait import wait_profile
 from rewardstream.command import override_command
 from rewardstream.contract import BadEvent, RunFinished, RunStarted, Topics, checked, encode
 from rewardstream.errors import InputError, LineError, RewardstreamError
+from rewardstream.gym_servers.client import JsonClient
 from rewardstream.jsonl import parse_line
 from rewardstream.overrides import parse_overrides
-from sinks.files import ProfilePaths, check_replaceable, profile_lines, write_files
+from rewardstream.processors.pipeline import EventKind
+from rewardstream.producers.events import input_event, rollout_event
+from rewardstream.producers.live import EventSink, KafkaSink
+from rewardstream.producers.materialize import MaterializeOptions, materialize, write_rows
+from rewardstream.producers.run_id import default_run_id
+from rewardstream.producers.wait import wait_profile
+from rewardstream.sinks.files import ProfilePaths, check_replaceable, profile_lines, write_files
 
 __all__ = ["CollectConfig", "CollectReport", "CollectionPaths", "collect", "main"]
 

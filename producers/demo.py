@@ -1,14 +1,15 @@
 """``rewardstream demo``: from the bundled dataset to a live profile, with this project alone.
 
-It starts the bundled servers (:data:`gym_servers.ng_run.BUNDLED_CONFIG`: the SIMULATED policy,
-the arithmetic resources server, a simple agent) as child processes, collects the bundled
+It starts the bundled servers (:data:`rewardstream.gym_servers.ng_run.BUNDLED_CONFIG`: the SIMULATED
+policy, the arithmetic resources server, a simple agent) as child processes, collects the bundled
 dataset with repeats (seeded, so the run is reproducible) and streams every event, as it
 happens, into a profiler:
 
-- by default the in-process :class:`~processors.pipeline.Pipeline` (no broker);
+- by default the in-process :class:`~rewardstream.processors.pipeline.Pipeline` (no broker);
 - with ``--bootstrap HOST:PORT``, through Kafka: the collector publishes on the contract's topics
-  and a :class:`~processors.stream.StreamProcessor` started here, in its own consumer group,
-  writes the profile (a ``rewardstream stream`` of your own on the same topics profiles it too).
+  and a :class:`~rewardstream.processors.stream.StreamProcessor` started here, in its own consumer
+  group, writes the profile (a ``rewardstream stream`` of your own on the same topics profiles it
+  too).
 
 The output folder then holds, under NeMo Gym's names, ``rollouts.jsonl``,
 ``rollouts_materialized_inputs.jsonl``, the three profile files (equal, byte for byte, to what
@@ -29,16 +30,16 @@ import orjson
 import uvloop
 from aiokafka.errors import KafkaError
 
-from gym_servers.math_env import DATASET
-from gym_servers.ng_run import BUNDLED_CONFIG, ServerGroup, load_config
-from processors.pipeline import Pipeline
-from producers.collect import CollectConfig, CollectReport, collect
-from producers.live import KafkaSink, PipelineSink
 from rewardstream.contract import Topics
 from rewardstream.errors import InputError
+from rewardstream.gym_servers.math_env import DATASET
+from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG, ServerGroup, load_config
 from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import free_port
-from sinks.files import ProfilePaths
+from rewardstream.processors.pipeline import Pipeline
+from rewardstream.producers.collect import CollectConfig, CollectReport, collect
+from rewardstream.producers.live import KafkaSink, PipelineSink
+from rewardstream.sinks.files import ProfilePaths
 
 __all__ = ["run_demo"]
 
@@ -63,7 +64,7 @@ async def _through_kafka(
     security: KafkaSecurity | None = None,
     timeout: float = 120.0,
 ) -> tuple[CollectReport, ProfilePaths]:
-    from processors.stream import StreamProcessor
+    from rewardstream.processors.stream import StreamProcessor
 
     sink = await KafkaSink(bootstrap, topics, security).start()  # fails first, and clearly
     group = f"rewardstream-demo-{uuid.uuid4().hex}"

@@ -26,52 +26,78 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from operator import itemgetter
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, NamedTuple, Self
 
 import orjson
 
-from producers.events import WireEvent
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.jsonl import iter_jsonl, parse_line
+from rewardstream.producers.events import WireEvent
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "Chunk",
     "Encoder",
     "MakeEvent",
+    "MessageLimit",
     "Tail",
     "encode_rows",
     "parsed",
 ]
 
 MAX_MESSAGE_BYTES = 8 << 20  # the producer's max_request_size; brokers may allow less
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's message.max.bytes, for a limit not readable
+RECORD_OVERHEAD = 128  # a record batch's header and one record's framing, beyond key and value
 CHUNK_EVENTS = 2048  # a chunk ends at this many events or CHUNK_BYTES, whichever comes first:
 CHUNK_BYTES = 1 << 20  # large enough that per-chunk costs vanish, small enough to bound memory
 LOOKAHEAD_BYTES = 64 << 20  # how far an encoder may work ahead of the parent (bounded memory)
 _READ_BYTES = 8 << 20  # files are read this many bytes at a time (bounded memory)
 
 Chunk = list[tuple[bytes, bytes]]  # (key, value) of consecutive events
-MakeEvent = Callable[[Any, str, Path, int], WireEvent]  # producers.events.{input,rollout}_event
+MakeEvent = Callable[
+    [Any, str, Path, int], WireEvent
+]  # rewardstream.producers.events.{input,rollout}_event
 _Item = Chunk | RewardstreamError | None  # what a child sends: chunks, then None or its error
 
 
+class MessageLimit(NamedTuple):
+    """The largest record a topic takes: its ``max.message.bytes`` as the broker reports it
+    (Kafka's default where it cannot be read), never above this producer's request size."""
+
+    topic: str
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+    @property
+    def room(self) -> int:
+        """Bytes of key and value that fit in one record."""
+        return min(self.max_message_bytes, MAX_MESSAGE_BYTES) - RECORD_OVERHEAD
+
+    def refusal(self, size: int) -> str:
+        """Why an event of ``size`` bytes is not sent to the topic."""
+        limit = min(self.max_message_bytes, MAX_MESSAGE_BYTES)
+        return (
+            f"its event is {size} bytes, above the {limit}-byte max.message.bytes of {self.topic}"
+        )
+
+
 def encode_rows(
-    rows: Iterable[tuple[int, Any]], path: Path, make_event: MakeEvent, run_id: str
+    rows: Iterable[tuple[int, Any]],
+    path: Path,
+    make_event: MakeEvent,
+    run_id: str,
+    limit: MessageLimit,
 ) -> Iterator[Chunk]:
-    """Parsed, numbered lines as chunks of events; a bad line ends it with its ``LineError``,
-    after the chunk of the lines before it. One flat loop: it runs once per line."""
+    """Parsed, numbered lines as chunks of events; a bad line, or one whose event the topic
+    would refuse, ends it with its ``LineError``, after the chunk of the lines before it. One
+    flat loop: it runs once per line."""
     chunk: Chunk = []
     size = 0
+    room = limit.room
     try:
         for lineno, row in rows:
             _, key, value = make_event(row, run_id, path, lineno)
-            if len(value) > MAX_MESSAGE_BYTES:
-                raise LineError(
-                    str(path),
-                    lineno,
-                    f"its event is {len(value)} bytes, above the {MAX_MESSAGE_BYTES}-byte "
-                    "message limit",
-                )
+            if len(key) + len(value) > room:
+                raise LineError(str(path), lineno, limit.refusal(len(value)))
             chunk.append((key, value))
             size += len(value)
             if size >= CHUNK_BYTES or len(chunk) == CHUNK_EVENTS:
@@ -103,14 +129,14 @@ class Encoder:
     spawn: it needs no imports and starts in milliseconds.
     """
 
-    def __init__(self, path: Path, make_event: MakeEvent, run_id: str) -> None:
+    def __init__(self, path: Path, make_event: MakeEvent, run_id: str, limit: MessageLimit) -> None:
         context = multiprocessing.get_context("fork")
         self._conn, child_end = context.Pipe(duplex=False)
         with contextlib.suppress(OSError):  # best effort (pipe-max-size): a chunk per wake-up
             fcntl.fcntl(child_end.fileno(), fcntl.F_SETPIPE_SZ, CHUNK_BYTES)
         self._process = context.Process(
             target=_encode_file,
-            args=(child_end, self._conn, path, make_event, run_id),
+            args=(child_end, self._conn, path, make_event, run_id, limit),
             daemon=True,
         )
         self._process.start()
@@ -146,7 +172,12 @@ class Encoder:
 
 
 def _encode_file(
-    conn: Connection, parent_end: Connection, path: Path, make_event: MakeEvent, run_id: str
+    conn: Connection,
+    parent_end: Connection,
+    path: Path,
+    make_event: MakeEvent,
+    run_id: str,
+    limit: MessageLimit,
 ) -> None:
     """The child: encode into a bounded buffer that a thread writes to the pipe, so encoding
     goes on while the parent is not reading."""
@@ -159,7 +190,7 @@ def _encode_file(
     writer.start()
     try:
         rows = map(itemgetter(0, 2), iter_jsonl(path))  # (lineno, value) of each JsonLine
-        for chunk in encode_rows(rows, path, make_event, run_id):
+        for chunk in encode_rows(rows, path, make_event, run_id, limit):
             ahead.put(chunk, sum(len(value) for _, value in chunk))
         ahead.put(None, 0)
     except RewardstreamError as exc:

@@ -1,8 +1,8 @@
 """Where a running collection sends its events as they happen: Kafka, or an in-process pipeline.
 
-The collector produces the wire events itself (:mod:`producers.events`, the same encoders as
-``rewardstream publish``), in the publisher's order: every materialized row, ``RunStarted``,
-each rollout as it completes, ``RunFinished``. A sink only transports them.
+The collector produces the wire events itself (:mod:`rewardstream.producers.events`, the same
+encoders as ``rewardstream publish``), in the publisher's order: every materialized row,
+``RunStarted``, each rollout as it completes, ``RunFinished``. A sink only transports them.
 """
 
 from __future__ import annotations
@@ -14,26 +14,23 @@ from collections.abc import Callable
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from processors.inprocess import finish
-from processors.pipeline import EventKind, Pipeline, Rejected
-from processors.runs import Run
-from producers.lines import MAX_MESSAGE_BYTES
-from producers.publish import Sender
 from rewardstream.contract import Topics
 from rewardstream.errors import InputError
 from rewardstream.kafka_config import KafkaSecurity, start_client
-from sinks.files import ProfilePaths
+from rewardstream.processors.inprocess import finish
+from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
+from rewardstream.processors.runs import Run
+from rewardstream.producers.lines import MAX_MESSAGE_BYTES, MessageLimit
+from rewardstream.producers.publish import Sender, message_limits
+from rewardstream.sinks.files import ProfilePaths
 
 __all__ = ["EventSink", "KafkaSink", "PipelineSink"]
 
 
-DEFAULT_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's message.max.bytes, for a limit not readable
-RECORD_OVERHEAD = 128  # a record batch's header and one record's framing, beyond key and value
-DEAD_LETTER_CUT = 64 << 10  # what is kept of an event parked whole (as processors.stream does)
+# what is kept of an event parked whole (as rewardstream.processors.stream does)
+DEAD_LETTER_CUT = 64 << 10
 
 
 class EventSink(Protocol):
@@ -54,9 +51,9 @@ def _warn(message: str) -> None:
 class KafkaSink:
     """Publishes to the contract's topics with an idempotent producer, keyed as the publisher.
 
-    One task owns the batching :class:`~producers.publish.Sender`; it hands over partly filled
-    batches whenever it has caught up, so at a collection's pace every rollout leaves at once,
-    and at a burst's pace batches fill.
+    One task owns the batching :class:`~rewardstream.producers.publish.Sender`; it hands over partly
+    filled batches whenever it has caught up, so at a collection's pace every rollout leaves at
+    once, and at a burst's pace batches fill.
 
     It is a side channel: nothing it meets stops the collection. An event larger than its
     topic's ``max.message.bytes`` (read from the broker at :meth:`start`) is never sent there
@@ -85,7 +82,7 @@ class KafkaSink:
             "rollout": topics.rollouts,
             "control": topics.control,
         }
-        self._limits: dict[str, int] = {}
+        self._limits: dict[str, MessageLimit] = {}
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
@@ -99,42 +96,15 @@ class KafkaSink:
     async def start(self) -> KafkaSink:
         await start_client(self._producer, self.bootstrap, self.security)
         try:
-            self._limits = await self._message_limits()
+            topics = list(self._topic.values())
+            self._limits = await message_limits(
+                self._producer, self.bootstrap, self.security, topics
+            )
         except BaseException:
             await self._producer.stop()
             raise
         self._pump = asyncio.create_task(self._run(Sender(self._producer)))
         return self
-
-    async def _message_limits(self) -> dict[str, int]:
-        """Each data and control topic's ``max.message.bytes`` (the topics are created first,
-        as the first send would create them, so a topic that cannot be is refused before the
-        collection starts); Kafka's default where the limit cannot be read."""
-        topics = list(self._topic.values())
-        for topic in topics:
-            try:
-                await self._producer.partitions_for(topic)
-            except KafkaError as exc:  # e.g. no such topic and auto-creation disabled
-                raise InputError(f"cannot publish to topic {topic!r}: {exc!r}") from None
-        limits = dict.fromkeys(topics, DEFAULT_MAX_MESSAGE_BYTES)
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.bootstrap, **self.security.client_kwargs()
-        )
-        try:
-            await admin.start()
-            wanted = {"max.message.bytes": None}
-            resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
-            for response in await admin.describe_configs(resources):
-                for error, _, _, name, entries in response.resources:
-                    for entry in entries if error == 0 and name in limits else ():
-                        if entry[0] == "max.message.bytes" and str(entry[1]).isdigit():
-                            limits[name] = int(entry[1])
-        except KafkaError:  # e.g. not authorized to describe configs: Kafka's default
-            pass
-        finally:
-            with contextlib.suppress(KafkaError):
-                await admin.close()
-        return limits
 
     async def _run(self, sender: Sender) -> None:
         queue = self._queue
@@ -165,18 +135,18 @@ class KafkaSink:
             self._stopped(self._pump)
             return False
         topic = self._topic[kind]
-        limit = self._limits.get(topic, DEFAULT_MAX_MESSAGE_BYTES)
-        if len(key) + len(value) + RECORD_OVERHEAD > limit:
-            self._park(kind, topic, key, value, where, limit)
+        limit = self._limits.get(topic) or MessageLimit(topic)
+        if len(key) + len(value) > limit.room:
+            self._park(kind, key, value, where, limit)
             return False
         self._queue.put_nowait((topic, key, value, None))
         return True
 
     def _park(
-        self, kind: EventKind, topic: str, key: bytes, value: bytes, where: str, limit: int
+        self, kind: EventKind, key: bytes, value: bytes, where: str, limit: MessageLimit
     ) -> None:
-        """Queue ``value`` as a dead letter instead of sending it to ``topic``."""
-        detail = f"{len(value)} bytes, above the {limit}-byte max.message.bytes of {topic}"
+        """Queue ``value`` as a dead letter instead of sending it to ``limit.topic``."""
+        detail = limit.refusal(len(value)).removeprefix("its event is ")
         headers = [
             ("reason", b"oversized"),
             ("kind", kind.encode()),
@@ -189,9 +159,8 @@ class KafkaSink:
             value = value[:DEAD_LETTER_CUT]
         self._queue.put_nowait((self.dead_letters, key, value, headers))
         self.warn(
-            f"{where or 'an event'}: its {kind} event ({size} bytes) is above the "
-            f"{limit}-byte max.message.bytes of topic {topic}: parked on {self.dead_letters} "
-            "instead; the streamed profile leaves it out"
+            f"{where or 'an event'}: {limit.refusal(size).replace('event', f'{kind} event', 1)}:"
+            f" parked on {self.dead_letters} instead; the streamed profile leaves it out"
         )
 
     def _stopped(self, pump: asyncio.Task[None]) -> None:

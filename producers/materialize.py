@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from rewardstream.errors import InputError, LineError
 from rewardstream.jsonl import check_input_file, parse_line
-from sinks.files import write_files
+from rewardstream.sinks.files import write_files
 
 __all__ = ["MaterializeOptions", "materialize", "write_rows"]
 

@@ -15,16 +15,17 @@ What is sent, in order (see :mod:`rewardstream.contract`):
    still serve snapshots of what arrived.
 
 Each rollouts line is validated as the batch profiler reads it (see
-:func:`producers.events.rollout_event`) before anything of it is sent, so a line the profiler
-would reject fails here, with the same :class:`~rewardstream.errors.LineError`, instead of
+:func:`rewardstream.producers.events.rollout_event`) before anything of it is sent, so a line the
+profiler would reject fails here, with the same :class:`~rewardstream.errors.LineError`, instead of
 reaching the processor.
 
-Lines become events through :mod:`producers.events` (shared with the embedded pipeline), which
-encodes with the contract's hot-path encoders; the only constrained free-form fields (run id,
-stem) are validated once up front with the models. Whole files are read and encoded by forked
-children (:class:`producers.lines.Encoder`) while this process only fills record batches, so
-the work spreads over the cores; ``follow`` encodes the growing rollouts file here. (Replayed
-events are stamped ``published_at`` when encoded, up to a lookahead before they are sent.)
+Lines become events through :mod:`rewardstream.producers.events` (shared with the embedded
+pipeline), which encodes with the contract's hot-path encoders; the only constrained free-form
+fields (run id, stem) are validated once up front with the models. Whole files are read and encoded
+by forked children (:class:`rewardstream.producers.lines.Encoder`) while this process only fills
+record batches, so the work spreads over the cores; ``follow`` encodes the growing rollouts file
+here. (Replayed events are stamped ``published_at`` when encoded, up to a lookahead before they are
+sent.)
 """
 
 from __future__ import annotations
@@ -41,20 +42,30 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from tqdm import tqdm
 
-from producers.events import WireEvent, input_event, rollout_event
-from producers.lines import MAX_MESSAGE_BYTES, Chunk, Encoder, Tail, encode_rows, parsed
-from producers.run_id import default_run_id
 from rewardstream.contract import BadEvent, RunFinished, RunStarted, Topics, checked, encode
 from rewardstream.errors import InputError
 from rewardstream.jsonl import check_input_file
 from rewardstream.kafka_config import KafkaSecurity, start_client
+from rewardstream.producers.events import WireEvent, input_event, rollout_event
+from rewardstream.producers.lines import (
+    MAX_MESSAGE_BYTES,
+    Chunk,
+    Encoder,
+    MessageLimit,
+    Tail,
+    encode_rows,
+    parsed,
+)
+from rewardstream.producers.run_id import default_run_id
 
-__all__ = ["PublishReport", "Sender", "publish_files"]
+__all__ = ["PublishReport", "Sender", "message_limits", "publish_files"]
 
 POLL_SECONDS = 0.2
 WINDOW = 5_000  # messages in flight before the publisher waits for acknowledgements
@@ -91,9 +102,9 @@ async def publish_files(
 ) -> PublishReport:
     """Publish one collection (see the module docstring for the order of events).
 
-    ``run_id`` defaults to :func:`producers.run_id.default_run_id` (one id per collection).
-    With ``follow``, keep tailing ``rollouts`` as a running collection appends to it: only
-    complete lines are sent; a truncated or replaced file is read again from its start (the
+    ``run_id`` defaults to :func:`rewardstream.producers.run_id.default_run_id` (one id per
+    collection). With ``follow``, keep tailing ``rollouts`` as a running collection appends to it:
+    only complete lines are sent; a truncated or replaced file is read again from its start (the
     processor deduplicates by (run, task, rollout)). It finishes the run once as many distinct
     (task, rollout) keys were published as there are input rows, or after ``finish_when_idle``
     seconds without a new complete line; when ``stop`` is set it ends, finishing the run only
@@ -108,45 +119,56 @@ async def publish_files(
     run_id = default_run_id(inputs, stem) if run_id is None else run_id
     _check_run(run_id, stem)
     topics = topics or Topics.for_prefix()
-    with contextlib.ExitStack() as stack:  # the encoders start reading while we connect
-        input_encoder = stack.enter_context(Encoder(inputs, input_event, run_id))
-        rollouts_encoder = (
-            None if follow else stack.enter_context(Encoder(rollouts, rollout_event, run_id))
-        )
-        producer = await _start_producer(bootstrap, security or KafkaSecurity.from_env())
-        sender = Sender(producer)
-        bar = tqdm(
-            desc=f"publishing {rollouts.name}",
-            unit=" rollouts",
-            disable=not progress or not sys.stderr.isatty(),
-            mininterval=0.5,
-        )
-        try:
-            with bar:
-                n_inputs = await sender.send_all(topics.inputs, input_encoder.chunks())
-                started = RunStarted(run_id=run_id, expected_rollouts=n_inputs, output_stem=stem)
-                await sender.send(topics.control, encode(started), run_id.encode())
-                await sender.flush()  # consumers learn of the run now, not with the next batch
-                publisher = _RolloutPublisher(rollouts, topics.rollouts, sender, run_id, bar)
-                if rollouts_encoder is None:
-                    finish = _Finish(n_inputs, finish_when_idle, finish_on_stop)
-                    finished = await publisher.follow(finish, stop or asyncio.Event())
-                else:
-                    await publisher.replay(rollouts_encoder)
-                    finished = True
-                # every rollout acknowledged first: a processor that reads run_finished takes
-                # the log ends as they are then, and must find every rollout before them
-                await sender.settle()
-                if finished:
-                    event = encode(RunFinished(run_id=run_id))
-                    await sender.send(topics.control, event, run_id.encode())
+    security = security or KafkaSecurity.from_env()
+    producer = await _start_producer(bootstrap, security)
+    try:
+        # the limits first: an encoder names the line whose event a topic would refuse
+        data = [topics.inputs, topics.rollouts, topics.control]
+        limits = await message_limits(producer, bootstrap, security, data)
+        with contextlib.ExitStack() as stack:
+            encoder = Encoder(inputs, input_event, run_id, limits[topics.inputs])
+            input_encoder = stack.enter_context(encoder)
+            rollouts_limit = limits[topics.rollouts]
+            rollouts_encoder = (
+                None
+                if follow
+                else stack.enter_context(Encoder(rollouts, rollout_event, run_id, rollouts_limit))
+            )
+            sender = Sender(producer)
+            bar = tqdm(
+                desc=f"publishing {rollouts.name}",
+                unit=" rollouts",
+                disable=not progress or not sys.stderr.isatty(),
+                mininterval=0.5,
+            )
+            try:
+                with bar:
+                    n_inputs = await sender.send_all(topics.inputs, input_encoder.chunks())
+                    started = RunStarted(
+                        run_id=run_id, expected_rollouts=n_inputs, output_stem=stem
+                    )
+                    await sender.send(topics.control, encode(started), run_id.encode())
+                    await sender.flush()  # consumers learn of the run now, not with the next batch
+                    publisher = _RolloutPublisher(rollouts, rollouts_limit, sender, run_id, bar)
+                    if rollouts_encoder is None:
+                        finish = _Finish(n_inputs, finish_when_idle, finish_on_stop)
+                        finished = await publisher.follow(finish, stop or asyncio.Event())
+                    else:
+                        await publisher.replay(rollouts_encoder)
+                        finished = True
+                    # every rollout acknowledged first: a processor that reads run_finished
+                    # takes the log ends as they are then, and must find every rollout before
                     await sender.settle()
-        except BaseException:
-            with contextlib.suppress(KafkaError):
-                await sender.flush()  # lines before a bad one still go out (the run stays open)
-            raise
-        finally:
-            await producer.stop()  # waits for everything handed to it
+                    if finished:
+                        event = encode(RunFinished(run_id=run_id))
+                        await sender.send(topics.control, event, run_id.encode())
+                        await sender.settle()
+            except BaseException:
+                with contextlib.suppress(KafkaError):
+                    await sender.flush()  # lines before a bad one still go out (run stays open)
+                raise
+    finally:
+        await producer.stop()  # waits for everything handed to it
     seconds = time.perf_counter() - began
     return PublishReport(run_id, n_inputs, publisher.sent, seconds, finished)
 
@@ -162,6 +184,36 @@ async def _start_producer(bootstrap: str, security: KafkaSecurity) -> AIOKafkaPr
     )
     await start_client(producer, bootstrap, security)
     return producer
+
+
+async def message_limits(
+    producer: AIOKafkaProducer, bootstrap: str, security: KafkaSecurity, topics: Iterable[str]
+) -> dict[str, MessageLimit]:
+    """Each topic's :class:`MessageLimit`. The topics are created first, as the first send
+    would create them, so a topic that cannot be is refused before anything is sent; Kafka's
+    default stands where the limit cannot be read (e.g. not authorized to describe configs)."""
+    limits = {topic: MessageLimit(topic) for topic in topics}
+    for topic in limits:
+        try:
+            await producer.partitions_for(topic)
+        except KafkaError as exc:  # e.g. no such topic and auto-creation disabled
+            raise InputError(f"cannot publish to topic {topic!r}: {exc!r}") from None
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
+    try:
+        await admin.start()
+        wanted = {"max.message.bytes": None}
+        resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in limits]
+        for response in await admin.describe_configs(resources):
+            for error, _, _, name, entries in response.resources:
+                for entry in entries if error == 0 and name in limits else ():
+                    if entry[0] == "max.message.bytes" and str(entry[1]).isdigit():
+                        limits[name] = MessageLimit(name, int(entry[1]))
+    except KafkaError:
+        pass
+    finally:
+        with contextlib.suppress(KafkaError):
+            await admin.close()
+    return limits
 
 
 def _check_follow_options(follow: bool, when_idle: float | None, on_stop: bool) -> None:
@@ -305,8 +357,11 @@ class _Finish(NamedTuple):
 class _RolloutPublisher:
     """Sends rollouts events: the whole file once (encoded by children), or a growing file."""
 
-    def __init__(self, path: Path, topic: str, sender: Sender, run_id: str, bar: tqdm[Any]) -> None:
-        self.path, self.topic, self.sender, self.run_id, self.bar = path, topic, sender, run_id, bar
+    def __init__(
+        self, path: Path, limit: MessageLimit, sender: Sender, run_id: str, bar: tqdm[Any]
+    ) -> None:
+        self.path, self.limit, self.sender, self.run_id, self.bar = path, limit, sender, run_id, bar
+        self.topic = limit.topic
         self.sent = 0
         self.keys: set[tuple[int, int]] = set()  # distinct rollouts sent (follow only)
 
@@ -329,7 +384,7 @@ class _RolloutPublisher:
             while True:
                 stopping = stop.is_set()  # read before the last pass, so it sees every line
                 rows = parsed(tail.complete_lines(), self.path)
-                chunks = _local(encode_rows(rows, self.path, self._event, self.run_id))
+                chunks = _local(encode_rows(rows, self.path, self._event, self.run_id, self.limit))
                 sent = await self.sender.send_all(self.topic, chunks, self.bar)
                 self.sent += sent
                 await self.sender.flush()

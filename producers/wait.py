@@ -12,8 +12,8 @@ from pathlib import Path
 from rewardstream.contract import Topics
 from rewardstream.engine_contract import EngineTopics
 from rewardstream.kafka_config import KafkaSecurity
-from sinks.files import ProfilePaths
-from sinks.profiles import fetch_profile
+from rewardstream.sinks.files import ProfilePaths
+from rewardstream.sinks.profiles import fetch_profile
 
 __all__ = ["wait_profile"]
 

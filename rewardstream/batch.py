@@ -17,11 +17,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 from tqdm import tqdm
 
-from processors.profile import Profile, build_profile
-from processors.state import ProfileState
 from rewardstream.errors import InputError, InvalidRow, LineError
 from rewardstream.jsonl import check_input_file, count_lines, iter_jsonl, split_ranges
-from sinks.files import InputsFile, ProfilePaths, summary_lines, write_profile
+from rewardstream.processors.profile import Profile, build_profile
+from rewardstream.processors.state import ProfileState
+from rewardstream.sinks.files import InputsFile, ProfilePaths, summary_lines, write_profile
 
 __all__ = ["ProfileConfig", "load_state", "print_summary", "run_profile"]
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import orjson
 
-from producers import cli as publish_cli
 from rewardstream import kafka_local, kafka_options
 from rewardstream.command import fail, override_command, package_version, run_guarded
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
@@ -33,6 +32,7 @@ from rewardstream.jsonl import check_input_file
 from rewardstream.kafka_options import BOOTSTRAP_HELP
 from rewardstream.names import ProfilePaths, run_id_from
 from rewardstream.overrides import parse_overrides
+from rewardstream.producers import cli as publish_cli
 
 __all__ = ["main", "ng_reward_profile"]
 
@@ -149,9 +149,9 @@ def _positive_int(text: str) -> int:
 
 
 def _cmd_stream(args: argparse.Namespace) -> int:
-    from processors.stream import StreamProcessor
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
+    from rewardstream.processors.stream import StreamProcessor
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -195,9 +195,9 @@ def _digests(paths: ProfilePaths) -> list[bytes | None]:
 def _cmd_replay(args: argparse.Namespace) -> int:
     """Replay is idempotent: the same files into the same folder write the same profile
     again, and a second run says it found one there, unchanged or replaced."""
-    from processors.inprocess import stream_files
     from rewardstream.contract import BadEvent
-    from sinks.files import profile_lines
+    from rewardstream.processors.inprocess import stream_files
+    from rewardstream.sinks.files import profile_lines
 
     inputs, rollouts = Path(args.inputs), Path(args.rollouts)
     check_input_file(inputs, "--inputs")
@@ -221,8 +221,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from producers.demo import run_demo
     from rewardstream import kafka_config
+    from rewardstream.producers.demo import run_demo
 
     security = kafka_config.from_args(args)
     run_demo(
@@ -238,7 +238,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_snapshot(args: argparse.Namespace) -> int:
-    from sinks.snapshot_wire import receive
+    from rewardstream.sinks.snapshot_wire import receive
 
     url = f"{args.url.rstrip('/')}/runs/{urllib.parse.quote(args.run_id, safe='')}/snapshot"
     try:
@@ -260,10 +260,10 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def _cmd_profiles_get(args: argparse.Namespace) -> int:
-    from producers.wait import wait_profile
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
-    from sinks.files import profile_lines
+    from rewardstream.producers.wait import wait_profile
+    from rewardstream.sinks.files import profile_lines
 
     topics = Topics.for_prefix(args.topic_prefix)
     security = kafka_config.from_args(args)
@@ -286,7 +286,7 @@ def _cmd_profiles_list(args: argparse.Namespace) -> int:
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
     from rewardstream.engine_contract import EngineTopics
-    from sinks.profiles import list_finals
+    from rewardstream.sinks.profiles import list_finals
 
     finals = asyncio.run(
         list_finals(

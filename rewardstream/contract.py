@@ -7,8 +7,8 @@ keyed by run id. Every event carries ``v`` (schema version) and ``run_id``, so s
 collections can share the topics.
 
 A rollout event carries the result's *record*, extracted by the producer with the profiler's
-own :func:`processors.records.extract_result` (its numeric columns in order, their int flags
-and values, its ``rollout_infos`` entry, its mask flag): extraction happens once, where the
+own :func:`rewardstream.processors.records.extract_result` (its numeric columns in order, their int
+flags and values, its ``rollout_infos`` entry, its mask flag): extraction happens once, where the
 full row is, and the processor only appends numbers. The full row stays in rollouts.jsonl.
 
 Each event is defined once, as a msgspec struct (:class:`Input`, :class:`Rollout`,
@@ -34,7 +34,6 @@ import msgspec
 import orjson
 from msgspec import Meta, Raw, Struct
 
-from processors.records import ResultRecord
 from rewardstream.errors import MissingKey
 from rewardstream.names import (
     MAX_NAME_BYTES,
@@ -44,6 +43,7 @@ from rewardstream.names import (
     run_id_from,
     valid_output_stem,
 )
+from rewardstream.processors.records import ResultRecord
 
 __all__ = [
     "MAX_NAME_BYTES",
@@ -204,8 +204,8 @@ class Input(_Event, kw_only=True):
 
 
 class RolloutRecord(Struct, forbid_unknown_fields=True, gc=False):
-    """A rollout's record on the wire: :class:`processors.records.ResultRecord`, field for
-    field (decoding turns it into one).
+    """A rollout's record on the wire: :class:`rewardstream.processors.records.ResultRecord`, field
+    for field (decoding turns it into one).
 
     - ``names``: the result's numeric columns, in the row's order;
     - ``ints`` (``is_int``): per column, whether it is an int (or bool) in the row;
@@ -229,7 +229,7 @@ class Rollout(_Event, kw_only=True, gc=False):
     - ``task``, ``rollout``: its key, 64-bit ints;
     - ``agent``: its agent's name, for live stats (null or absent: none);
     - ``record``: what profiling keeps of the result, a :class:`RolloutRecord` on the wire and a
-      :class:`~processors.records.ResultRecord` once decoded (or built in Python);
+      :class:`~rewardstream.processors.records.ResultRecord` once decoded (or built in Python);
     - ``published_at``: the publisher's clock, seconds since the epoch (a finite float).
     """
 

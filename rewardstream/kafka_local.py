@@ -79,7 +79,7 @@ __all__ = [
 
 KAFKA_VERSION = "4.3.1"
 HOST = "127.0.0.1"
-POM = Path(__file__).resolve().parents[1] / "deploy" / "kafka-local" / "pom.xml"
+POM = Path(__file__).parent / "kafka-local" / "pom.xml"  # shipped as package data
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 WORKDIR_PREFIX = "rewardstream-kafka-"

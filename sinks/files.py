@@ -29,8 +29,8 @@ from rewardstream.errors import InputError, ProfileError
 from rewardstream.names import ProfilePaths
 
 if TYPE_CHECKING:  # annotations only: the snapshot client writes files without numpy
-    from processors.profile import Profile, TaskRow
-    from processors.runs import Merged
+    from rewardstream.processors.profile import Profile, TaskRow
+    from rewardstream.processors.runs import Merged
 
 __all__ = [
     "InputsFile",
@@ -101,7 +101,7 @@ def write_final(
     the error when it cannot be profiled (e.g. rollouts without their input rows), logged.
     A file that cannot be written (a full disk) raises :class:`InputError`: that is not the
     run's fault, and the caller decides whether to stop."""
-    from processors.profile import build_profile  # numpy: not for the light commands
+    from rewardstream.processors.profile import build_profile  # numpy: not for the light commands
 
     if partial:
         log.warning(

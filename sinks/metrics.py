@@ -28,8 +28,8 @@ from prometheus_client.registry import Collector
 from rewardstream.contract import REJECT_REASONS, RejectReason, Rollout
 
 if TYPE_CHECKING:
-    from processors.pipeline import EventKind
-    from processors.runs import Run
+    from rewardstream.processors.pipeline import EventKind
+    from rewardstream.processors.runs import Run
 
 __all__ = ["Metrics"]
 

@@ -35,7 +35,7 @@ from rewardstream.engine_contract import (
 )
 from rewardstream.errors import InputError
 from rewardstream.kafka_config import KafkaSecurity, start_client
-from sinks.files import ProfilePaths, write_files
+from rewardstream.sinks.files import ProfilePaths, write_files
 
 __all__ = [
     "ensure_topics",

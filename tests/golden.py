@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bench.generate import generate
-from processors.pipeline import EventKind
-from producers.events import input_events, rollout_events
 from rewardstream.cli import ng_reward_profile
 from rewardstream.contract import RunFinished, RunStarted, encode
+from rewardstream.processors.pipeline import EventKind
+from rewardstream.producers.events import input_events, rollout_events
 
 GOLDEN = Path(
     os.environ.get("REWARDSTREAM_GOLDEN", Path(__file__).resolve().parent / "data" / "golden")

@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gym_servers.base import Handler
-from gym_servers.math_env import generate
-from gym_servers.ng_run import BUNDLED_CONFIG
+from rewardstream.gym_servers.base import Handler
+from rewardstream.gym_servers.math_env import generate
+from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
 from rewardstream.kafka_local import free_port
 
 POLICY = "+policy_model.responses_api_models.simulated_model.simulated_policy"
@@ -30,7 +30,12 @@ class NgRun:
     def __init__(self, *overrides: str) -> None:
         self.port = free_port()
         self.head_url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "gym_servers.ng_run", f"+config_paths=[{BUNDLED_CONFIG}]"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rewardstream.gym_servers.ng_run",
+            f"+config_paths=[{BUNDLED_CONFIG}]",
+        ]
         cmd += [f"+head_server.port={self.port}", *overrides]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert self.proc.stdout is not None

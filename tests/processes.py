@@ -14,9 +14,9 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from processors.pipeline import EventKind
 from rewardstream.contract import Topics, task_key
 from rewardstream.kafka_local import free_port
+from rewardstream.processors.pipeline import EventKind
 
 __all__ = ["Processor", "make_topics", "send_events"]
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-import gym_servers.ng_run
-from gym_servers.ng_run import BUNDLED_CONFIG
-from producers.collect import CollectConfig
+import rewardstream.gym_servers.ng_run
 from rewardstream.batch import ProfileConfig
 from rewardstream.cli import build_parser
 from rewardstream.command import SIGPIPE_EXIT
+from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
 from rewardstream.kafka_options import normalize_bootstrap
+from rewardstream.producers.collect import CollectConfig
 from tests.golden import golden_cases
 
 CLI = [sys.executable, "-m", "rewardstream.cli"]
@@ -303,7 +303,7 @@ def test_ng_collect_rollouts_help_lists_every_key_and_marks_the_required_ones() 
 
 
 def test_ng_run_help_lists_every_key_it_reads() -> None:
-    source = Path(gym_servers.ng_run.__file__).read_text()
+    source = Path(rewardstream.gym_servers.ng_run.__file__).read_text()
     read = set(re.findall(r"""\.(?:get|pop)\(\s*"(\w+)"|\["(\w+)"\]""", source))
     keys = {k for pair in read for k in pair if k}
     assert {"config_paths", "head_server", "host", "port", "entrypoint"} <= keys

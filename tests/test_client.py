@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gym_servers.client import JsonClient, UpstreamError
+from rewardstream.gym_servers.client import JsonClient, UpstreamError
 from tests.gym import serve
 
 REPLIES = {

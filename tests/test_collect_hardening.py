@@ -5,7 +5,8 @@
 - a device, FIFO or directory at an output path is refused, never replaced; a write that fails
   mid-collection (disk full, file too large) is one line and a non-zero exit, never "Finished";
 - an event too large for Kafka is a dead letter: the collection goes on, and says so;
-- ``sinks.files`` writes with the permissions of a plain ``open()`` and never sets the umask.
+- ``rewardstream.sinks.files`` writes with the permissions of a plain ``open()`` and never sets the
+  umask.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from processors.stream import StreamProcessor
-from producers.run_id import default_run_id
 from rewardstream.contract import Topics
 from rewardstream.kafka_local import free_port
-from sinks.files import write_files
+from rewardstream.processors.stream import StreamProcessor
+from rewardstream.producers.run_id import default_run_id
+from rewardstream.sinks.files import write_files
 from tests.gym import NgRun, fast, keys, ng_run, read_jsonl, write_problems
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def _collect(
     inputs: Path, out: Path, *extra: str, preexec: Callable[[], None] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``ng_collect_rollouts`` as a child process (a hang cannot outlive the test)."""
-    cmd = [sys.executable, "-m", "producers.collect", f"+input_jsonl_fpath={inputs}"]
+    cmd = [sys.executable, "-m", "rewardstream.producers.collect", f"+input_jsonl_fpath={inputs}"]
     cmd += [f"+output_jsonl_fpath={out}", "+quiet=true", *extra]
     return subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=preexec
@@ -258,7 +259,7 @@ async def test_an_event_too_large_for_kafka_is_a_dead_letter_not_an_abort(
     task = asyncio.create_task(processor.run(stop))
     try:
         child = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "producers.collect", f"+input_jsonl_fpath={src}"),
+            *(sys.executable, "-m", "rewardstream.producers.collect", f"+input_jsonl_fpath={src}"),
             *(f"+output_jsonl_fpath={out}", f"+head_server_url={servers.head_url}"),
             *("+num_repeats=2", "+quiet=true", f"+kafka_bootstrap_servers={kafka_bootstrap}"),
             *(f"+kafka_topic_prefix={prefix}", "+kafka_wait_profile=true"),
@@ -304,7 +305,7 @@ async def test_an_event_too_large_for_kafka_is_a_dead_letter_not_an_abort(
     assert sorted(sources) == [f"{inputs}:{n}" for n in big_lines]
 
 
-# --------------------------------------------------------------------------- 4. sinks.files
+# ------------------------------------------------------------- 4. rewardstream.sinks.files
 
 _SPY = """
 import os, sys
@@ -312,10 +313,10 @@ calls = []
 real = os.umask
 os.umask = lambda mask: calls.append(mask) or real(mask)
 from pathlib import Path
-import sinks.files
+import rewardstream.sinks.files
 target = Path(sys.argv[1])
-sinks.files.write_files([(target, [b"new"]), (target.with_name("b.json"), [b"{}"])])
-sinks.files.write_files([(target, [b"again"])])
+rewardstream.sinks.files.write_files([(target, [b"new"]), (target.with_name("b.json"), [b"{}"])])
+rewardstream.sinks.files.write_files([(target, [b"again"])])
 print(calls)
 """
 

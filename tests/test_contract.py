@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.records import ResultRecord
 from rewardstream.contract import (
     BadEvent,
     Input,
@@ -37,6 +36,7 @@ from rewardstream.contract import (
     reject_reason,
     task_key,
 )
+from rewardstream.processors.records import ResultRecord
 
 
 def test_encoders_write_the_schema_2_bytes() -> None:

@@ -33,13 +33,19 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import rewardstream.batch
-from producers.events import input_event, rollout_event
-from producers.lines import MakeEvent, encode_rows, parsed
 from rewardstream.cli import main, ng_reward_profile
 from rewardstream.contract import Topics, decode_control, decode_input, decode_rollout
 from rewardstream.errors import LineError
 from rewardstream.jsonl import iter_jsonl
 from rewardstream.kafka_local import free_port
+from rewardstream.producers.events import input_event, rollout_event
+from rewardstream.producers.lines import (
+    MAX_MESSAGE_BYTES,
+    MakeEvent,
+    MessageLimit,
+    encode_rows,
+    parsed,
+)
 from tests.processes import make_topics
 
 BIN = Path(sys.executable).parent
@@ -347,6 +353,9 @@ def check_failure(
     return got.err[len(f"{prog}: error: ") : -1]
 
 
+NO_LIMIT = MessageLimit("rewardstream.rollouts", MAX_MESSAGE_BYTES)  # the producer's own only
+
+
 def publish_error(path: Path, make_event: MakeEvent, follow: bool = False) -> LineError | None:
     """The error the publisher's encoder meets in ``path`` (the code its forked children run,
     or with ``follow`` the tailing path), or None when every line encodes."""
@@ -356,7 +365,7 @@ def publish_error(path: Path, make_event: MakeEvent, follow: bool = False) -> Li
     else:
         rows = map(itemgetter(0, 2), iter_jsonl(path))
     try:
-        for _ in encode_rows(rows, path, make_event, "run"):
+        for _ in encode_rows(rows, path, make_event, "run", NO_LIMIT):
             pass
     except LineError as exc:
         return exc

@@ -14,10 +14,10 @@ import orjson
 import pytest
 from aiohttp import ClientSession, web
 
-from gym_servers.base import redacted
-from gym_servers.math_env import DATASET, generate
-from gym_servers.ng_run import BUNDLED_CONFIG, ServerGroup, load_config
 from rewardstream.errors import InputError
+from rewardstream.gym_servers.base import redacted
+from rewardstream.gym_servers.math_env import DATASET, generate
+from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG, ServerGroup, load_config
 from rewardstream.kafka_local import free_port
 from tests.gym import NgRun, fast, ng_run, serve
 
@@ -232,7 +232,8 @@ def test_ng_run_config_errors_are_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "missing.yaml"
     required = tmp_path / "required.yaml"
     required.write_text(
-        "m:\n  responses_api_models:\n    x:\n      entrypoint: gym_servers.model_server\n"
+        "m:\n  responses_api_models:\n    x:\n"
+        "      entrypoint: rewardstream.gym_servers.model_server\n"
         "      openai_api_key: '???'\n"
     )
     for path, message in [
@@ -241,7 +242,7 @@ def test_ng_run_config_errors_are_one_line(tmp_path: Path) -> None:
         (required, "config key 'm.responses_api_models.x.openai_api_key' is required"),
     ]:
         proc = subprocess.run(
-            [sys.executable, "-m", "gym_servers.ng_run", f"+config_paths=[{path}]"],
+            [sys.executable, "-m", "rewardstream.gym_servers.ng_run", f"+config_paths=[{path}]"],
             capture_output=True,
             text=True,
             timeout=60,

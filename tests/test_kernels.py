@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.kernels import describe_groups, pairwise_sum, quantile_linear, t_interval
+from rewardstream.processors.kernels import (
+    describe_groups,
+    pairwise_sum,
+    quantile_linear,
+    t_interval,
+)
 
 
 def spec_sum(x: list[float]) -> float:

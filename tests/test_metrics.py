@@ -17,12 +17,12 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from processors.http import make_app, serve
-from processors.pipeline import Pipeline
-from processors.records import ResultRecord
 from rewardstream.contract import Rollout
 from rewardstream.kafka_local import free_port
-from sinks.metrics import Metrics
+from rewardstream.processors.http import make_app, serve
+from rewardstream.processors.pipeline import Pipeline
+from rewardstream.processors.records import ResultRecord
+from rewardstream.sinks.metrics import Metrics
 from tests.golden import GOLDEN, golden_cases, golden_events
 
 pytestmark = pytest.mark.skipif(not GOLDEN.exists(), reason="no goldens")

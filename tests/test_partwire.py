@@ -14,19 +14,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors import runs
-from processors.partwire import (
+from rewardstream.contract import Input, Rollout
+from rewardstream.processors import runs
+from rewardstream.processors.partwire import (
     VERSION,
     PartFormatError,
     ReceivedPart,
     decode_parts,
     encode_parts,
 )
-from processors.profile import build_profile
-from processors.records import extract_result
-from processors.runs import Merged, Part, PartView, merge_parts
-from rewardstream.contract import Input, Rollout
-from sinks.files import ProfilePaths, write_profile
+from rewardstream.processors.profile import build_profile
+from rewardstream.processors.records import extract_result
+from rewardstream.processors.runs import Merged, Part, PartView, merge_parts
+from rewardstream.sinks.files import ProfilePaths, write_profile
 
 ME = {"group": "g", "run_id": "r"}
 

@@ -9,12 +9,12 @@ import orjson
 import pytest
 
 from bench.generate import generate
-from processors.inprocess import finish
-from processors.pipeline import EventKind, Pipeline, Rejected, RemoteUnit
-from processors.runs import Counts, Done
-from processors.snapshot import SnapshotJob
-from producers.events import rollout_event
-from sinks.snapshot_wire import receive
+from rewardstream.processors.inprocess import finish
+from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected, RemoteUnit
+from rewardstream.processors.runs import Counts, Done
+from rewardstream.processors.snapshot import SnapshotJob
+from rewardstream.producers.events import rollout_event
+from rewardstream.sinks.snapshot_wire import receive
 from tests.golden import (
     OUTPUT_SUFFIXES,
     GoldenCase,

@@ -23,9 +23,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from processors.pipeline import EventKind
-from processors.records import ResultRecord
-from processors.stream import DEAD_LETTER_CUT
 from rewardstream.contract import (
     REJECT_REASONS,
     RunFinished,
@@ -36,6 +33,9 @@ from rewardstream.contract import (
     encode_rollout,
     task_key,
 )
+from rewardstream.processors.pipeline import EventKind
+from rewardstream.processors.records import ResultRecord
+from rewardstream.processors.stream import DEAD_LETTER_CUT
 from tests.golden import assert_batch_files, file_events, generated_collection
 from tests.processes import Processor
 

@@ -10,8 +10,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.profile import _tokens, build_profile
-from processors.state import ProfileState
+from rewardstream.processors.profile import _tokens, build_profile
+from rewardstream.processors.state import ProfileState
 from tests.test_state import Rows, collections, state_of
 
 

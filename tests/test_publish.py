@@ -26,12 +26,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import producers.cli
-from processors.records import extract_result
-from processors.state import row_key
-from producers.materialize import write_rows
-from producers.publish import PublishReport, publish_files
-from producers.run_id import default_run_id
+import rewardstream.producers.cli
 from rewardstream.batch import load_state
 from rewardstream.contract import (
     Input,
@@ -48,6 +43,11 @@ from rewardstream.contract import (
 )
 from rewardstream.errors import InputError, InvalidRow, LineError
 from rewardstream.kafka_local import free_port
+from rewardstream.processors.records import extract_result
+from rewardstream.processors.state import row_key
+from rewardstream.producers.materialize import write_rows
+from rewardstream.producers.publish import PublishReport, publish_files
+from rewardstream.producers.run_id import default_run_id
 from tests.golden import GOLDEN
 from tests.processes import make_topics
 
@@ -196,6 +196,45 @@ async def test_bad_line_fails_like_the_batch_reader(
     assert [type(e) for e in control] == [RunStarted]
 
 
+@needs_golden
+@pytest.mark.kafka
+@pytest.mark.parametrize("follow", [False, True], ids=["replay", "follow"])
+async def test_an_event_above_the_topic_limit_names_its_line(
+    kafka_bootstrap: str, unique_name: UniqueName, tmp_path: Path, follow: bool
+) -> None:
+    """The broker's own refusal (MessageSizeTooLargeError for a whole batch) named a topic and
+    partition; the user needs the line. The topic's max.message.bytes is read before sending."""
+    inputs = tmp_path / "rollouts_materialized_inputs.jsonl"
+    rollouts = tmp_path / "rollouts.jsonl"
+    rows = [
+        orjson.loads(x)
+        for x in (BLACKJACK / "example_rollouts_materialized_inputs.jsonl")
+        .read_bytes()
+        .splitlines()
+    ]
+    rows[3]["context"] = "x" * (3 << 19)  # 1.5 MiB, above the broker's default 1 MiB
+    inputs.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    shutil.copy(BLACKJACK / "example_rollouts.jsonl", rollouts)
+    topics = Topics.for_prefix(unique_name("big"))
+    await make_topics(kafka_bootstrap, topics, partitions=1)
+    cmd = [sys.executable, "-m", "rewardstream.cli", "publish", "--inputs", str(inputs)]
+    cmd += ["--rollouts", str(rollouts), "--quiet"]
+    cmd += ["--bootstrap", kafka_bootstrap, "--topic-prefix", topics.inputs.removesuffix(".inputs")]
+    cmd += ["--follow", "--finish-when-idle", "1"] if follow else []
+    child = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(child.communicate(), 120)
+    err = stderr.decode()
+    assert child.returncode == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"rewardstream: error: {inputs} line 4: its event is "), err
+    assert f"above the 1048588-byte max.message.bytes of {topics.inputs} (publishing stopped" in err
+    # the three rows before it went out; the run never started, so nothing profiles it
+    assert len(await read_all(kafka_bootstrap, topics.inputs, 1)) == 3
+    assert await read_all(kafka_bootstrap, topics.control, 1) == []
+
+
 class LiveReader:
     """Rollout events of one single-partition topic as they arrive."""
 
@@ -253,7 +292,7 @@ def test_cli_publish(
     kafka_bootstrap: str, unique_name: UniqueName, capsys: pytest.CaptureFixture[str]
 ) -> None:
     parser = argparse.ArgumentParser(prog="rewardstream")
-    producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    rewardstream.producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
     prefix = unique_name("cli")
     args = parser.parse_args(
         [
@@ -348,9 +387,9 @@ async def test_follow_tails_complete_lines_through_truncation_and_rotation(
 
 CLI_MAIN = """
 import argparse, sys
-import producers.cli
+import rewardstream.producers.cli
 parser = argparse.ArgumentParser(prog="rewardstream")
-producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+rewardstream.producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args(sys.argv[1:])
 sys.exit(args.func(args))
 """
@@ -484,7 +523,7 @@ async def test_cli_follow_finish_when_idle(
 
 def test_cli_errors_propagate(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser(prog="rewardstream")
-    producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    rewardstream.producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
     missing, rollouts = tmp_path / "missing.jsonl", tmp_path / "r.jsonl"
     argv = f"publish --inputs {missing} --rollouts {rollouts} --bootstrap 127.0.0.1:1"
     args = parser.parse_args(argv.split())
@@ -506,7 +545,7 @@ def test_cli_bad_follow_options_fail_before_anything(
     tmp_path: Path, options: list[str], message: str
 ) -> None:
     parser = argparse.ArgumentParser(prog="rewardstream")
-    producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    rewardstream.producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
     inputs, rollouts = _two_files(tmp_path, "r")
     argv = f"publish --inputs {inputs} --rollouts {rollouts} --bootstrap 127.0.0.1:1".split()
     args = parser.parse_args([*argv, *options])

@@ -9,12 +9,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from processors.profile import build_profile
-from processors.records import extract_result
-from processors.runs import Part, Spill, merge_parts
 from rewardstream.contract import Input, Rollout
 from rewardstream.errors import InvalidRow
-from sinks.files import task_lines
+from rewardstream.processors.profile import build_profile
+from rewardstream.processors.records import extract_result
+from rewardstream.processors.runs import Part, Spill, merge_parts
+from rewardstream.sinks.files import task_lines
 
 
 def _result(task: int, rollout: int) -> dict[str, float | int]:
@@ -50,7 +50,9 @@ def test_merged_parts_read_each_sample_from_its_own_spill(tmp_path: Path) -> Non
 def test_rollout_infos_moved_to_the_spill_come_back_in_the_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("processors.runs._INFO_CHUNK", 200)  # move them every few rollouts
+    monkeypatch.setattr(
+        "rewardstream.processors.runs._INFO_CHUNK", 200
+    )  # move them every few rollouts
     rows = [{"q": t, "_ng_task_index": t, "_ng_rollout_index": r} for t in range(5) for r in (0, 1)]
     inputs, held, spilled = Part(tmp_path / "in"), Part(tmp_path / "a"), Part(tmp_path / "b")
     for line, row in enumerate(rows):

@@ -40,15 +40,15 @@ from aiohttp import ClientSession, web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from gym_servers.base import MAX_REQUEST_BYTES
-from gym_servers.ng_run import BUNDLED_CONFIG
-from processors.http import MAX_BODY_BYTES
 from rewardstream import kafka_local
 from rewardstream.cli import main
 from rewardstream.contract import Topics, task_key
+from rewardstream.gym_servers.base import MAX_REQUEST_BYTES
+from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
 from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import free_port
-from sinks.snapshot_wire import MEDIA_TYPE
+from rewardstream.processors.http import MAX_BODY_BYTES
+from rewardstream.sinks.snapshot_wire import MEDIA_TYPE
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 from tests.gym import fast, write_problems
 from tests.tls import Certs, make_certs
@@ -547,7 +547,7 @@ async def test_gym_servers_bind_loopback_bound_bodies_and_never_show_the_api_key
     head_port = free_port()
     resources = "+arithmetic_resources_server.resources_servers.arithmetic"
     agent = "+arithmetic_simple_agent.responses_api_agents.simple_agent"
-    args = ["-m", "gym_servers.ng_run", f"+config_paths=[{BUNDLED_CONFIG}]", *fast()]
+    args = ["-m", "rewardstream.gym_servers.ng_run", f"+config_paths=[{BUNDLED_CONFIG}]", *fast()]
     args += [
         f"+head_server.port={head_port}",
         "+head_server.host=null",  # null or empty: still loopback (was: every interface)
@@ -604,7 +604,12 @@ async def test_gym_servers_bind_loopback_bound_bodies_and_never_show_the_api_key
         inputs = write_problems(tmp_path / "problems.jsonl", 2)
         output = tmp_path / "rollouts.jsonl"
         collect = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "producers.collect", f"+input_jsonl_fpath={inputs}"),
+            *(
+                sys.executable,
+                "-m",
+                "rewardstream.producers.collect",
+                f"+input_jsonl_fpath={inputs}",
+            ),
             *(f"+output_jsonl_fpath={output}", f"+head_server_url={head}", "+num_repeats=1"),
             *("+retry_backoff_s=0", "+quiet=true"),
             env=child_env({"NEMO_GYM_MAX_ROLLOUT_ATTEMPTS": "1"}),

@@ -15,11 +15,11 @@ import orjson
 import pytest
 
 from bench.generate import generate
-from processors.http import make_app, serve
-from processors.pipeline import EventKind, Pipeline
-from processors.snapshot import SnapshotJob
 from rewardstream.kafka_local import free_port
-from sinks.snapshot_wire import MEDIA_TYPE, SnapshotError, SnapshotHead, receive
+from rewardstream.processors.http import make_app, serve
+from rewardstream.processors.pipeline import EventKind, Pipeline
+from rewardstream.processors.snapshot import SnapshotJob
+from rewardstream.sinks.snapshot_wire import MEDIA_TYPE, SnapshotError, SnapshotHead, receive
 from tests.golden import (
     GoldenCase,
     assert_batch_files,

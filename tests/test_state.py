@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.profile import Profile, build_profile
-from processors.state import ProfileState
-from processors.welford import Moments, RunningStats
 from rewardstream.errors import ProfileError
+from rewardstream.processors.profile import Profile, build_profile
+from rewardstream.processors.state import ProfileState
+from rewardstream.processors.welford import Moments, RunningStats
 
 Rows = list[dict[str, Any]]
 

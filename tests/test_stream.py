@@ -12,11 +12,11 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from processors.pipeline import EventKind
-from processors.stream import StreamProcessor
 from rewardstream.cli import main, ng_reward_profile
 from rewardstream.contract import Topics, task_key
 from rewardstream.kafka_local import free_port
+from rewardstream.processors.pipeline import EventKind
+from rewardstream.processors.stream import StreamProcessor
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 
 pytestmark = [
