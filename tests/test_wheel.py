@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import filecmp
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -53,11 +54,21 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     """(bin folder, environment) of a venv holding the wheel and the two look-alike names."""
     base = tmp_path_factory.mktemp("wheel")
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
-    run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", base / "dist", ROOT],
-        base,
-        env,
-    )
+    # built from a copy: setuptools builds in the source tree, and the checkout stays clean
+    source = base / "source"
+    skip = shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "bench", "tests")
+    shutil.copytree(ROOT, source, symlinks=True, ignore=skip)
+    wheel_cmd: list[str | Path] = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "-w",
+        base / "dist",
+    ]
+    run([*wheel_cmd, source], base, env)
     (wheel,) = (base / "dist").glob("rewardstream-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         tops = {name.split("/")[0] for name in archive.namelist()}
