@@ -13,56 +13,27 @@ so the batch file equals NeMo Gym's to the bit, not merely to a tolerance.
 
 Scores: ``accuracy`` is the rollout's ``reward`` (NeMo Gym's default score function; bools count
 as 0/1). With an answer key, ``no_answer`` is 1 where the rollout has no answer. Answers enter
-as 64-bit identities (:func:`answer_id`), equal exactly where Python's ``==`` makes the answers
-equal for the usual JSON values (``1``, ``1.0`` and ``true`` are one answer; ``"1"`` another).
+as 64-bit identities (:func:`~rewardstream.processors.records.answer_id`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
-__all__ = ["NO_ANSWER", "answer_id", "key_metrics", "pass_majority_metrics"]
+from rewardstream.processors.records import NO_ANSWER
+
+__all__ = ["key_metrics", "pass_majority_metrics"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
-NO_ANSWER = -(2**63)
-"""The answer identity of a rollout whose answer is missing or null."""
 
 STAT_NAMES = ("std_dev_across_runs", "std_err_across_runs", "avg_sample_std_dev")  # never scores
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with Python's equal numbers made one (``True == 1 == 1.0``)."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def answer_id(value: Any) -> int:
-    """A rollout's answer as a 64-bit identity: :data:`NO_ANSWER` for None, otherwise a hash
-    of its JSON form (lists and objects, which NeMo Gym cannot count, compare by content)."""
-    if value is None:
-        return NO_ANSWER
-    try:
-        text = orjson.dumps(_plain(value), option=orjson.OPT_SORT_KEYS)
-    except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits
-        text = repr(value).encode()
-    ident = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
-    return ident + 1 if ident == NO_ANSWER else ident
 
 
 def _seqsum(values: F64) -> float:

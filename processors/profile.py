@@ -17,7 +17,9 @@ import numpy.typing as npt
 import orjson
 
 from rewardstream.errors import ProfileError
+from rewardstream.processors.difficulty import difficulty
 from rewardstream.processors.kernels import GroupStats, Summary, describe_groups, summarize_present
+from rewardstream.processors.passk import key_metrics, pass_majority_metrics
 from rewardstream.processors.state import InfoBytes, ProfileState
 
 __all__ = [
@@ -102,9 +104,10 @@ class Profile:
         masked_rollouts: int,
         agents: Callable[[], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
         summary: Callable[[], CompletionSummary],
+        groups: Callable[[], list[_Group]],
     ) -> None:
         self.task_rows, self.masked_rollouts = task_rows, masked_rollouts
-        self._agents, self._summary = agents, summary
+        self._agents, self._summary, self._groups = agents, summary, groups
 
     @cached_property
     def _agent_entries(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -123,6 +126,54 @@ class Profile:
     @cached_property
     def summary(self) -> CompletionSummary:
         return self._summary()
+
+    def aggregate_metrics(self, answers: bool) -> list[dict[str, Any]]:
+        """``_aggregate_metrics.json`` as NeMo Gym's pass@k servers make it (spec §1.8), one
+        entry per agent label: its profile entry with pass@k, avg-of-k and majority@k (with
+        ``answers``: the results carry their answer identities), ``num_repeats``, the
+        headline ``key_metrics`` and its repeat-level rows."""
+        by_name = {g.name: g for g in self._groups()}
+        out = []
+        for entry in self.agent_metrics:
+            name = entry["agent_ref"]["name"]
+            group = by_name.get(name)
+            metrics = {k: v for k, v in entry.items() if k != "agent_ref"}
+            if group is not None:
+                metrics |= pass_majority_metrics(
+                    group.task, group.reward, group.answer if answers else None
+                )
+                metrics["num_repeats"] = group.repeats
+            repeats = [
+                {k: v for k, v in e.items() if k != "agent_ref"}
+                for e in self.repeat_metrics
+                if e["agent_ref"]["name"] == name
+            ]
+            out.append(
+                {
+                    "agent_ref": {"name": name},
+                    "agent_metrics": metrics,
+                    "key_metrics": key_metrics(metrics),
+                    "repeat_level_metrics": repeats,
+                }
+            )
+        return out
+
+    def task_difficulty(self) -> list[dict[str, Any]]:
+        """``_task_difficulty.json`` (rewardstream's own, beside NeMo Gym's files): per agent
+        label, :func:`~rewardstream.processors.difficulty.difficulty` of its tasks."""
+        return [
+            {"agent_ref": {"name": g.name}, **difficulty(g.task, g.reward)} for g in self._groups()
+        ]
+
+
+class _Group(NamedTuple):
+    """One agent label's measured results with a numeric reward, in key order."""
+
+    name: str
+    task: I64
+    reward: npt.NDArray[np.float64]
+    answer: I64
+    repeats: int  # distinct rollout indices among the label's measured results
 
 
 def _encode(a: I64, b: I64) -> tuple[I64, Any]:
@@ -700,7 +751,24 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         int(res_masked.sum()),
         agents,
         lambda: _summary(in_task, run_key, has_result[keys.of_input]),
+        lambda: _groups(names, rollouts, state.column(state.res_answer)[results]),
     )
+
+
+def _groups(names: list[str], r: _Rollouts, answer: I64) -> list[_Group]:
+    """Per agent label, sorted by name as the agent entries are."""
+    cols = r.frame.columns
+    reward = (
+        r.frame.values[:, cols.index("reward")]
+        if "reward" in cols
+        else np.full(len(r.task), np.nan)
+    )
+    out = []
+    for lab in sorted(set(r.label[r.label >= 0].tolist()), key=names.__getitem__):
+        rows = np.flatnonzero((r.label == lab) & ~np.isnan(reward))
+        repeats = len(np.unique(r.rollout[r.label == lab]))
+        out.append(_Group(names[lab], r.task[rows], reward[rows], answer[rows], repeats))
+    return out
 
 
 def sampled_rows(inputs: ProfileState, results: Sequence[ProfileState]) -> npt.NDArray[np.bool_]:

@@ -7,15 +7,19 @@ the stream processor receives its record on the wire, so all keep exactly the sa
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, NamedTuple
 
 import orjson
 
 from rewardstream.errors import InvalidRow
 
-__all__ = ["ResultRecord", "extract_result"]
+__all__ = ["NO_ANSWER", "ResultRecord", "answer_id", "extract_result"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+NO_ANSWER = _INT64_MIN
+"""The answer identity of a result whose answer is missing or null (or not asked for)."""
 
 
 class ResultRecord(NamedTuple):
@@ -24,7 +28,8 @@ class ResultRecord(NamedTuple):
     ``names``/``is_int``/``values`` are the numeric record in column order (bools as 0/1; ints
     as float64, so ints beyond 2**53 lose precision, as NeMo Gym's means do, though its max/min
     of an all-int frame would keep them); ``info`` is the serialized ``rollout_infos`` entry;
-    ``masked`` is a truthy ``mask_sample``.
+    ``masked`` is a truthy ``mask_sample``; ``answer`` the identity (:func:`answer_id`) of the
+    value under the run's answer key, which majority@k votes on.
     """
 
     names: tuple[str, ...]
@@ -32,6 +37,35 @@ class ResultRecord(NamedTuple):
     values: tuple[float, ...]
     info: bytes
     masked: bool
+    answer: int = NO_ANSWER
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with the numbers Python finds equal made one (``True == 1 == 1.0``)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def answer_id(value: Any) -> int:
+    """An answer as a 64-bit identity: :data:`NO_ANSWER` for None, otherwise a hash of its
+    JSON form, so answers are one exactly where Python's ``==`` makes them one for JSON values
+    (``1``, ``1.0`` and ``true`` are one answer, ``"1"`` another; lists and objects, which NeMo
+    Gym's ``Counter`` cannot count, compare by content)."""
+    if value is None:
+        return NO_ANSWER
+    try:
+        text = orjson.dumps(_plain(value), option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits
+        text = repr(value).encode()
+    ident = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
+    return ident + 1 if ident == NO_ANSWER else ident
 
 
 def _usage(result: dict[str, Any]) -> dict[str, Any]:
@@ -48,8 +82,11 @@ def _usage(result: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def extract_result(result: dict[str, Any], task: int, rollout: int) -> ResultRecord:
-    """Extract the numeric record and the ``rollout_infos`` entry of one result row.
+def extract_result(
+    result: dict[str, Any], task: int, rollout: int, answer_key: str | None = None
+) -> ResultRecord:
+    """Extract the numeric record and the ``rollout_infos`` entry of one result row (and its
+    answer's identity, given the run's ``answer_key``).
 
     This runs once per rollout on the hot path, so type checks are inlined (bools are ints in
     Python: ``type(x) is`` keeps them apart).
@@ -104,7 +141,8 @@ def extract_result(result: dict[str, Any], task: int, rollout: int) -> ResultRec
         encoded = orjson.dumps(info)
     except orjson.JSONEncodeError as exc:  # e.g. a reward nested deeper than orjson writes
         raise InvalidRow(f"field 'reward' cannot be written back as JSON: {exc}") from None
-    return ResultRecord(tuple(names), tuple(is_int), tuple(values), encoded, masked)
+    answer = NO_ANSWER if answer_key is None else answer_id(result.get(answer_key))
+    return ResultRecord(tuple(names), tuple(is_int), tuple(values), encoded, masked, answer)
 
 
 def agent_of(row: dict[str, Any]) -> str | None:

@@ -41,7 +41,10 @@ Section: TypeAlias = "InfoBytes | array[Any]"  # array is generic at run time fr
 
 _COLUMNS = {
     "inputs": ("in_task", "in_rollout", "in_agent", "in_server", "in_locator", "in_order"),
-    "results": ("res_task", "res_rollout", "res_schema", "res_masked", "res_agent", "info_end"),
+    "results": (
+        *("res_task", "res_rollout", "res_schema", "res_masked", "res_agent", "res_answer"),
+        "info_end",
+    ),
 }
 """The typed columns of a state, by the count each one's length must equal (``pool`` is apart:
 its length is the results' widths summed)."""
@@ -107,6 +110,7 @@ class ProfileState:
         self.res_rollout = array("q")
         self.res_schema = array("i")
         self.res_masked = array("b")
+        self.res_answer = array("q")  # answer identities (records.answer_id), for majority@k
         self.pool = array("d")
         # rollout_infos entries, in offset order: info_taken bytes handed out (take_infos),
         # then entries merged in (held by reference: never copied, never changed), then
@@ -156,10 +160,13 @@ class ProfileState:
         self.in_locator.append(locator)
         self.in_order.append(order)
 
-    def add_result(self, result: dict[str, Any], agent: str | None = None) -> None:
-        """Record one result row. ``agent``, when the caller knows it, feeds the live stats."""
+    def add_result(
+        self, result: dict[str, Any], agent: str | None = None, answer_key: str | None = None
+    ) -> None:
+        """Record one result row. ``agent``, when the caller knows it, feeds the live stats;
+        ``answer_key`` names the field majority@k votes on."""
         task, rollout = row_key(result)
-        self.add_record(task, rollout, extract_result(result, task, rollout), agent)
+        self.add_record(task, rollout, extract_result(result, task, rollout, answer_key), agent)
 
     def add_record(
         self, task: int, rollout: int, record: ResultRecord, agent: str | None = None
@@ -189,6 +196,7 @@ class ProfileState:
         self.res_rollout.extend(rollouts)
         self.res_schema.extend(schemas)
         self.res_masked.extend([record.masked for record in records])
+        self.res_answer.extend([record.answer for record in records])
         self.res_agent.extend([name_id(agent) for agent in agents])
         self.pool.extend(chain.from_iterable([record.values for record in records]))
         infos = [record.info for record in records]
@@ -254,6 +262,7 @@ class ProfileState:
         mapped = np.array(schema_map, dtype=np.int32)[np.frombuffer(other.res_schema, np.int32)]
         self.res_schema.extend(array("i", mapped.tobytes()))
         self.res_masked.extend(other.res_masked)
+        self.res_answer.extend(other.res_answer)
         self.pool.extend(other.pool)
         if self.info_pool:  # own entries come first: move them where the held ones go
             self.info_held.append(self.info_pool)

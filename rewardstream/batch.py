@@ -14,20 +14,28 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from tqdm import tqdm
 
 from rewardstream.errors import InputError, InvalidRow, LineError
 from rewardstream.jsonl import check_input_file, count_lines, iter_jsonl, split_ranges
 from rewardstream.processors.profile import Profile, build_profile
 from rewardstream.processors.state import ProfileState
-from rewardstream.sinks.files import InputsFile, ProfilePaths, summary_lines, write_profile
+from rewardstream.sinks.files import (
+    Aggregates,
+    InputsFile,
+    ProfilePaths,
+    summary_lines,
+    write_profile,
+)
 
 __all__ = ["ProfileConfig", "load_state", "print_summary", "run_profile"]
 
 
 class ProfileConfig(BaseModel):
-    """NeMo Gym's config keys for ``gym eval profile``, plus ``quiet`` for the progress bar."""
+    """NeMo Gym's config keys for ``gym eval profile``, plus ``quiet`` for the progress bar and
+    rewardstream's ``aggregate_metrics`` (pass@k and friends, task difficulty) with the
+    ``answer_key`` that majority@k votes on."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -35,13 +43,23 @@ class ProfileConfig(BaseModel):
     rollouts_jsonl_fpath: Path
     allow_partial_rollouts: bool = False
     quiet: bool = False
+    aggregate_metrics: bool = False
+    answer_key: str | None = None
+
+    @model_validator(mode="after")
+    def _answer_key_needs_aggregates(self) -> ProfileConfig:
+        if self.answer_key is not None and not self.aggregate_metrics:
+            raise ValueError("+answer_key applies with +aggregate_metrics=true")
+        return self
 
 
 _PARALLEL_MIN_BYTES = 64 << 20  # below this, worker start-up costs more than it saves
 _PART_BYTES = 64 << 20  # a worker maps one part at a time: this bounds its file-backed RSS
 
 
-def _load_part(kind: str, path: Path, start: int, end: int) -> ProfileState:
+def _load_part(
+    kind: str, path: Path, start: int, end: int, answer_key: str | None = None
+) -> ProfileState:
     """One worker's share: the rows or results of one byte range of one file."""
     state = ProfileState()
     add = state.add_input if kind == "inputs" else None
@@ -50,30 +68,39 @@ def _load_part(kind: str, path: Path, start: int, end: int) -> ProfileState:
             if add is not None:
                 add(line.value, line.offset, line.offset)
             else:
-                state.add_result(line.value)
+                state.add_result(line.value, answer_key=answer_key)
         except InvalidRow as exc:
             raise LineError(str(path), line.lineno, str(exc)) from None
     return state
 
 
-def _parts(path: Path, kind: str, workers: int) -> list[tuple[str, Path, int, int]]:
+def _parts(
+    path: Path, kind: str, workers: int, answer_key: str | None = None
+) -> list[tuple[str, Path, int, int, str | None]]:
     size = os.path.getsize(path)
     n = 1 if workers <= 1 or size < _PARALLEL_MIN_BYTES else max(workers * 4, size // _PART_BYTES)
-    return [(kind, path, a, b) for a, b in split_ranges(path, n)]
+    return [(kind, path, a, b, answer_key) for a, b in split_ranges(path, n)]
 
 
-def load_state(inputs: Path, rollouts: Path, quiet: bool = True, workers: int = 0) -> ProfileState:
+def load_state(
+    inputs: Path,
+    rollouts: Path,
+    quiet: bool = True,
+    workers: int = 0,
+    answer_key: str | None = None,
+) -> ProfileState:
     """Read both files into one state (inputs first, as NeMo Gym does).
 
     Large files are cut into line-aligned byte ranges parsed by ``workers`` processes (default:
     one per core); their states are merged in file order, so the result equals one pass.
+    ``answer_key``: keep each result's answer identity, for majority@k.
     """
     check_input_file(inputs, "--inputs")
     check_input_file(rollouts, "--rollouts")
     workers = workers or os.cpu_count() or 1
-    parts = _parts(inputs, "inputs", workers) + _parts(rollouts, "rollouts", workers)
+    parts = _parts(inputs, "inputs", workers) + _parts(rollouts, "rollouts", workers, answer_key)
     state = ProfileState()
-    total = sum(end - start for _, _, start, end in parts)
+    total = sum(end - start for _, _, start, end, _ in parts)
     bar = tqdm(
         total=total,
         unit="B",
@@ -90,17 +117,17 @@ def load_state(inputs: Path, rollouts: Path, quiet: bool = True, workers: int = 
             results: Iterator[ProfileState] = pool.map(_load_part, *zip(*parts, strict=True))
         else:
             results = (_load_part(*part) for part in parts)
-        for (_, _, start, end), part in zip(parts, _renumbered(results, parts), strict=True):
+        for (_, _, start, end, _), part in zip(parts, _renumbered(results, parts), strict=True):
             state.merge(part)
             bar.update(end - start)
     return state
 
 
 def _renumbered(
-    results: Iterator[ProfileState], parts: list[tuple[str, Path, int, int]]
+    results: Iterator[ProfileState], parts: list[tuple[str, Path, int, int, str | None]]
 ) -> Iterator[ProfileState]:
     """Re-raise a worker's line error with its line number counted from the file start."""
-    for _, path, start, _ in parts:
+    for _, path, start, _, _ in parts:
         try:
             yield next(results)
         except LineError as exc:
@@ -110,12 +137,16 @@ def _renumbered(
 def run_profile(config: ProfileConfig) -> tuple[Profile, ProfilePaths]:
     """Profile, write the three files, and return what was written (for the summary)."""
     state = load_state(
-        config.materialized_inputs_jsonl_fpath, config.rollouts_jsonl_fpath, config.quiet
+        config.materialized_inputs_jsonl_fpath,
+        config.rollouts_jsonl_fpath,
+        config.quiet,
+        answer_key=config.answer_key,
     )
     profile = build_profile(state, config.allow_partial_rollouts)
     paths = ProfilePaths.next_to(config.rollouts_jsonl_fpath)
+    aggregates = Aggregates(config.answer_key is not None) if config.aggregate_metrics else None
     with InputsFile(config.materialized_inputs_jsonl_fpath) as inputs:
-        write_profile(profile, paths, _located(inputs))
+        write_profile(profile, paths, _located(inputs), aggregates)
     return profile, paths
 
 
@@ -134,5 +165,5 @@ def _located(inputs: InputsFile) -> Callable[[int], bytes]:
     return sample
 
 
-def print_summary(profile: Profile, paths: ProfilePaths) -> None:
-    print("\n".join(summary_lines(profile, paths)))
+def print_summary(profile: Profile, paths: ProfilePaths, aggregates: bool = False) -> None:
+    print("\n".join(summary_lines(profile, paths, aggregates)))

@@ -40,7 +40,7 @@ _PROFILE_REQUIRED = ("materialized_inputs_jsonl_fpath", "rollouts_jsonl_fpath")
 _PROFILE_NAMES = ("+materialized_inputs_jsonl_fpath", "+rollouts_jsonl_fpath")  # in errors
 _PROFILE_USAGE = """\
 usage: ng_reward_profile +materialized_inputs_jsonl_fpath=M +rollouts_jsonl_fpath=R \
-[++allow_partial_rollouts=True] [+quiet=true]
+[++allow_partial_rollouts=True] [+quiet=true] [+aggregate_metrics=true [+answer_key=FIELD]]
 
 Profile a finished collection: writes R's _reward_profiling.jsonl, _agent_metrics.json and
 _repeat_level_metrics.json next to R, as NeMo Gym 0.7.0 does.
@@ -50,6 +50,11 @@ overrides (+key=value, ++key=value or key=value):
   +rollouts_jsonl_fpath=PATH             (required) its rollouts .jsonl file
   ++allow_partial_rollouts=BOOL          profile even if some rollouts are missing (false)
   +quiet=BOOL                            no progress bar (false)
+  +aggregate_metrics=BOOL                also write R's _aggregate_metrics.json (pass@k,
+                                         avg-of-k, majority@k per agent, as NeMo Gym's pass@k
+                                         servers compute them) and _task_difficulty.json (false)
+  +answer_key=FIELD                      the result field majority@k votes on (e.g.
+                                         extracted_answer); adds the no_answer score
 
 options:
   -h, --help                             show this help and exit
@@ -77,6 +82,8 @@ def _profile(
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
+        if not field:  # a rule across fields: its message says which
+            return fail(prog, str(err["ctx"]["error"]))
         return fail(prog, f"invalid configuration {field!r}: {err['msg']}")
     check_input_file(cfg.materialized_inputs_jsonl_fpath, names[0])
     check_input_file(cfg.rollouts_jsonl_fpath, names[1])
@@ -86,7 +93,7 @@ def _profile(
         return fail(prog, f"{exc.kind}: {exc}")
     except RewardstreamError as exc:
         return fail(prog, str(exc))
-    print_summary(profile, paths)
+    print_summary(profile, paths, cfg.aggregate_metrics)
     return 0
 
 
@@ -108,6 +115,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         ("rollouts_jsonl_fpath", args.rollouts),
         ("allow_partial_rollouts", args.allow_partial_rollouts or None),
         ("quiet", args.quiet or None),
+        ("aggregate_metrics", args.aggregate_metrics or None),
+        ("answer_key", args.answer_key),
     ):
         if value is not None:
             config[key] = value
@@ -335,6 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollouts", help="the rollouts .jsonl file")
     p.add_argument("--allow-partial-rollouts", action="store_true", help="profile a partial run")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--aggregate-metrics",
+        action="store_true",
+        help="also write _aggregate_metrics.json (pass@k, avg-of-k, majority@k) and "
+        "_task_difficulty.json",
+    )
+    p.add_argument("--answer-key", help="the result field majority@k votes on")
     p.add_argument(
         "overrides", nargs="*", help="NeMo Gym overrides, e.g. ++allow_partial_rollouts=True"
     )

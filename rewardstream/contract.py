@@ -43,7 +43,7 @@ from rewardstream.names import (
     run_id_from,
     valid_output_stem,
 )
-from rewardstream.processors.records import ResultRecord
+from rewardstream.processors.records import NO_ANSWER, ResultRecord
 
 __all__ = [
     "MAX_NAME_BYTES",
@@ -213,7 +213,9 @@ class RolloutRecord(Struct, forbid_unknown_fields=True, gc=False):
       :class:`Rollout` checks it);
     - ``info``: the result's ``rollout_infos`` entry, a JSON object (kept as its bytes, which
       decoding checks and writes as orjson writes them);
-    - ``masked``: a truthy ``mask_sample``: not a measurement.
+    - ``masked``: a truthy ``mask_sample``: not a measurement;
+    - ``answer`` (absent: none): the identity of the value under the run's answer key
+      (:func:`~rewardstream.processors.records.answer_id`), which majority@k votes on.
     """
 
     names: tuple[str, ...]
@@ -221,6 +223,7 @@ class RolloutRecord(Struct, forbid_unknown_fields=True, gc=False):
     values: tuple[_Finite, ...]
     info: _JsonObject
     masked: bool
+    answer: _Int64 = NO_ANSWER
 
 
 class Rollout(_Event, kw_only=True, gc=False):
@@ -251,7 +254,7 @@ class Rollout(_Event, kw_only=True, gc=False):
             if not len(rec.names) == len(rec.is_int) == len(rec.values):
                 message = "names, ints and values must have the same length"
                 raise BadEvent("invalid-event", message, "record")
-            fields = (rec.names, rec.is_int, rec.values, bytes(rec.info), rec.masked)
+            fields = (rec.names, rec.is_int, rec.values, bytes(rec.info), rec.masked, rec.answer)
             self.record = _new_tuple(ResultRecord, fields)  # ResultRecord(*fields), faster
 
 
@@ -305,15 +308,20 @@ def encode(event: Event) -> bytes:
 _asdict = msgspec.structs.asdict
 
 
-_NAMES, _INTS, _VALUES, _INFO, _MASKED = RolloutRecord.__struct_encode_fields__
+_NAMES, _INTS, _VALUES, _INFO, _MASKED, _ANSWER = RolloutRecord.__struct_encode_fields__
 
 
 def _wire(value: object) -> dict[str, Any]:
-    """What orjson does not write itself: a rollout's record, as its :class:`RolloutRecord`."""
+    """What orjson does not write itself: a rollout's record, as its :class:`RolloutRecord`
+    (without ``answer`` when there is none: the events of a run without an answer key are
+    what they were before answers existed)."""
     if type(value) is ResultRecord:
-        names, is_int, values, info, masked = value
+        names, is_int, values, info, masked, answer = value
         raw = orjson.Fragment(info)  # already serialized by extract_result
-        return {_NAMES: names, _INTS: is_int, _VALUES: values, _INFO: raw, _MASKED: masked}
+        wire = {_NAMES: names, _INTS: is_int, _VALUES: values, _INFO: raw, _MASKED: masked}
+        if answer != NO_ANSWER:
+            wire[_ANSWER] = answer
+        return wire
     raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 
 

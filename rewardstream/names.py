@@ -57,6 +57,20 @@ class ProfilePaths(NamedTuple):
     agent_metrics: Path
     repeat_level_metrics: Path
 
+    @property
+    def aggregate_metrics(self) -> Path:
+        """``<stem>_aggregate_metrics.json``: pass@k and friends, when asked for."""
+        return self._beside("_aggregate_metrics.json")
+
+    @property
+    def task_difficulty(self) -> Path:
+        """``<stem>_task_difficulty.json``: rewardstream's own, beside NeMo Gym's files."""
+        return self._beside("_task_difficulty.json")
+
+    def _beside(self, suffix: str) -> Path:
+        name = self.reward_profiling.name.removesuffix("_reward_profiling.jsonl")
+        return self.reward_profiling.with_name(name + suffix)
+
     @classmethod
     def next_to(cls, rollouts: str | os.PathLike[str]) -> ProfilePaths:
         r = Path(rollouts)

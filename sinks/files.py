@@ -21,7 +21,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 import orjson
 
@@ -33,8 +33,10 @@ if TYPE_CHECKING:  # annotations only: the snapshot client writes files without 
     from rewardstream.processors.runs import Merged
 
 __all__ = [
+    "Aggregates",
     "InputsFile",
     "ProfilePaths",
+    "aggregate_files",
     "check_replaceable",
     "summary_lines",
     "task_lines",
@@ -83,15 +85,43 @@ def task_lines(rows: Iterable[TaskRow], sample: Callable[[int], bytes]) -> Itera
         yield row.render(sample(row.sample_locator))
 
 
-def write_profile(profile: Profile, paths: ProfilePaths, sample: Callable[[int], bytes]) -> None:
-    """Write the three profile files; all or nothing."""
-    write_files(
-        [
-            (paths.reward_profiling, task_lines(profile.task_rows, sample)),
-            (paths.agent_metrics, [orjson.dumps(profile.agent_metrics)]),
-            (paths.repeat_level_metrics, [orjson.dumps(profile.repeat_metrics)]),
-        ]
-    )
+def write_profile(
+    profile: Profile,
+    paths: ProfilePaths,
+    sample: Callable[[int], bytes],
+    aggregates: Aggregates | None = None,
+) -> None:
+    """Write the three profile files (and, when asked, the aggregate and difficulty files);
+    all or nothing."""
+    files: list[tuple[Path, Iterable[bytes]]] = [
+        (paths.reward_profiling, task_lines(profile.task_rows, sample)),
+        (paths.agent_metrics, [orjson.dumps(profile.agent_metrics)]),
+        (paths.repeat_level_metrics, [orjson.dumps(profile.repeat_metrics)]),
+    ]
+    if aggregates is not None:
+        files += aggregate_files(profile, paths, aggregates)
+    write_files(files)
+
+
+class Aggregates(NamedTuple):
+    """What a run asked for beyond NeMo Gym's three files: ``_aggregate_metrics.json`` and
+    ``_task_difficulty.json``, with majority@k when its results carry answers."""
+
+    answers: bool = False
+
+
+def aggregate_files(
+    profile: Profile, paths: ProfilePaths, aggregates: Aggregates
+) -> list[tuple[Path, Iterable[bytes]]]:
+    """The aggregate metrics (two-space indent, as NeMo Gym writes them) and task difficulty."""
+    indent = orjson.OPT_INDENT_2
+    return [
+        (
+            paths.aggregate_metrics,
+            [orjson.dumps(profile.aggregate_metrics(aggregates.answers), option=indent)],
+        ),
+        (paths.task_difficulty, [orjson.dumps(profile.task_difficulty(), option=indent)]),
+    ]
 
 
 def write_final(
@@ -224,9 +254,18 @@ def _create_temp(target: Path) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "No usable temporary file name found", str(target))
 
 
-def summary_lines(profile: Profile, paths: ProfilePaths) -> list[str]:
-    """The seven stdout lines NeMo Gym 0.7.0 prints after profiling (spec §2.11)."""
+def summary_lines(profile: Profile, paths: ProfilePaths, aggregates: bool = False) -> list[str]:
+    """The seven stdout lines NeMo Gym 0.7.0 prints after profiling (spec §2.11), and two
+    more naming the aggregate and difficulty files when they were written."""
     s = profile.summary
+    extra = (
+        [
+            f"Aggregate metrics: {paths.aggregate_metrics}",
+            f"Task difficulty: {paths.task_difficulty}",
+        ]
+        if aggregates
+        else []
+    )
     return [
         "Profiling outputs:",
         f"Reward profile completion: {s.completed_rollout_rows}/{s.expected_rollout_rows} "
@@ -237,6 +276,7 @@ def summary_lines(profile: Profile, paths: ProfilePaths) -> list[str]:
         f"Masked from quality metrics: {profile.masked_rollouts} rollout rows (kept in "
         "completion accounting above).",
         *profile_lines(paths),
+        *extra,
     ]
 
 

@@ -54,7 +54,7 @@ def compute_pass_majority_metrics(
                     else:
                         pass_values.append(1.0 - math.comb(n_incorrect, k) / math.comb(n_total, k))
                 else:
-                    pass_values.append(max(vals[:k]))  # type: ignore[type-var]
+                    pass_values.append(max(vals[:k]))  # type: ignore[type-var, arg-type]
             if pass_values:
                 metrics[f"pass@{k}/{name}"] = 100.0 * sum(pass_values) / len(pass_values)
             avg_values = []

@@ -131,12 +131,14 @@ def test_each_event_writes_its_json_schema() -> None:
     assert rollout["properties"]["task"]["maximum"] == 2**63 - 1
     assert rollout["properties"]["record"] == {"$ref": "#/$defs/RolloutRecord"}
     assert "published_at" in rollout["description"]  # field docs: the class docstring
-    assert list(record["properties"]) == ["names", "ints", "values", "info", "masked"]
+    assert list(record["properties"]) == ["names", "ints", "values", "info", "masked", "answer"]
+    assert record["required"] == ["names", "ints", "values", "info", "masked"]  # answer: optional
     assert record["properties"]["info"] == {"type": "object"}
     assert record["properties"]["values"]["items"]["maximum"] == sys.float_info.max  # finite
     assert components["Input"]["properties"]["line"]["minimum"] == 0
     assert components["RunStarted"]["properties"]["output_stem"]["pattern"] == r"^[\w.-]+$"
-    assert RolloutRecord.__struct_encode_fields__ == ("names", "ints", "values", "info", "masked")
+    fields = ("names", "ints", "values", "info", "masked", "answer")
+    assert RolloutRecord.__struct_encode_fields__ == fields
 
 
 def encode_rollout_example() -> bytes:
@@ -205,7 +207,8 @@ def oracle_rollout(raw: bytes) -> tuple[str, Any]:
         and (d.get("agent") is None or type(d["agent"]) is str)
         and _number(at)
         and type(rec) is dict
-        and set(rec) == {"names", "ints", "values", "info", "masked"}
+        and set(rec) - {"answer"} == {"names", "ints", "values", "info", "masked"}
+        and ("answer" not in rec or _int(rec["answer"]))
     )
     if not ok:
         return ("reject", "invalid-event")
@@ -227,7 +230,15 @@ def oracle_rollout(raw: bytes) -> tuple[str, Any]:
         info_bytes = orjson.dumps(info)
     except orjson.JSONEncodeError:  # nested deeper than orjson writes
         return ("reject", "invalid-event")
-    record = (tuple(names), tuple(ints), tuple(map(float, values)), info_bytes, rec["masked"])
+    answer = rec.get("answer", -(2**63))
+    record = (
+        tuple(names),
+        tuple(ints),
+        tuple(map(float, values)),
+        info_bytes,
+        rec["masked"],
+        answer,
+    )
     return ("ok", (d["run_id"], d["task"], d["rollout"], d.get("agent"), record, float(at)))
 
 
@@ -310,7 +321,10 @@ _PATHS: list[tuple[str, ...]] = [
     ("published_at",),
     ("extra",),
 ]
-_PATHS += [("record",), *(("record", k) for k in ("names", "ints", "values", "info", "masked"))]
+_PATHS += [
+    ("record",),
+    *(("record", k) for k in ("names", "ints", "values", "info", "masked", "answer")),
+]
 _ODD = st.one_of(
     st.none(),
     st.booleans(),

@@ -227,7 +227,7 @@ def test_bytes_that_are_no_part_are_refused(junk: bytes) -> None:
 @pytest.mark.parametrize("version", [VERSION + 1, 0])
 def test_another_version_is_refused(wire: bytes, version: int) -> None:
     assert _refused(_edited(wire, v=version)) == (
-        f"part format v{version} is not one this processor reads (v1); "
+        f"part format v{version} is not one this processor reads (v{VERSION}); "
         "run the same rewardstream version on every processor"
     )
 

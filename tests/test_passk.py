@@ -8,7 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardstream.processors.passk import NO_ANSWER, answer_id, key_metrics, pass_majority_metrics
+from rewardstream.processors.passk import key_metrics, pass_majority_metrics
+from rewardstream.processors.records import NO_ANSWER, answer_id
 from tests import nemo_passk
 
 ANSWERS = st.one_of(st.none(), st.sampled_from(["1", "2", "x"]), st.integers(0, 2), st.booleans())
