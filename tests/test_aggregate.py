@@ -129,7 +129,13 @@ def test_the_golden_asr_keys_of_the_pass_at_k_hook(tmp_path: Path) -> None:
 
 def test_task_difficulty(tmp_path: Path) -> None:
     rows, results = [], []
-    rewards = {0: [1, 1, 1], 1: [0, 0, 0], 2: [1, 0, 1], 3: [0], 4: [0.5, 0.5]}
+    rewards: dict[int, list[float]] = {
+        0: [1, 1, 1],
+        1: [0, 0, 0],
+        2: [1, 0, 1],
+        3: [0],
+        4: [0.5, 0.5],
+    }
     for task, values in rewards.items():
         for rollout, reward in enumerate(values):
             row = {"_ng_task_index": task, "_ng_rollout_index": rollout, "agent_ref": {"name": "a"}}
