@@ -1,6 +1,6 @@
 """Snapshot latency and memory held per rollout, at the issue's scale (100,000 tasks x 8).
 
-    python -m bench.snapshot_bench [--tasks 100000] [--repeats 8] [--runs 3]
+    python -m bench.snapshot_bench [--tasks 100000] [--repeats 8] [--runs 3] [--aggregates]
 
 Feeds a generated collection through the processor's :class:`Pipeline` in process (the
 snapshot is processor-side work; Kafka adds nothing to it), then times the snapshot built in
@@ -9,12 +9,15 @@ HTTP endpoint, end to end (state copy, profile build, ``sample`` read-back, rend
 files written), while the run is incomplete (one rollout per task is held back, so it is a
 partial profile). Memory held per rollout is the RSS growth while
 ingesting, divided by the rollouts ingested (inputs included: the state needs them too).
+With ``--aggregates`` the run asks for the aggregate and difficulty files (pass@k, avg-of-k
+and majority@k over ``extracted_answer``), which the snapshot then carries too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import os
 import statistics
@@ -39,13 +42,16 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--aggregates", action="store_true", help="with pass@k and difficulty")
     a = ap.parse_args()
+    answer_key = "extracted_answer" if a.aggregates else None
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         generate(a.tasks, a.repeats, work / "r", text_bytes=64, seed=0)
         # Events are streamed from the files, never held: a list of 1.5M event objects would
         # make every garbage collection in the snapshot walk them (it did: ~2 s of the old number).
-        last = {e.key: i for i, e in enumerate(rollout_events(work / "r.jsonl", "run"))}
+        rollouts = functools.partial(rollout_events, work / "r.jsonl", "run", answer_key)
+        last = {e.key: i for i, e in enumerate(rollouts())}
         held_back = set(last.values())  # the last rollout of each task stays out: a partial run
         with Pipeline(work / "out") as pipeline:
             gc.collect()
@@ -55,10 +61,16 @@ def main() -> None:
             for e in input_events(work / "r_materialized_inputs.jsonl", "run"):
                 pipeline.handle(e.kind, e.value)
                 inputs += 1
-            started = RunStarted(run_id="run", expected_rollouts=inputs, output_stem="r")
+            started = RunStarted(
+                run_id="run",
+                expected_rollouts=inputs,
+                output_stem="r",
+                aggregate_metrics=a.aggregates,
+                answer_key=answer_key,
+            )
             pipeline.handle("control", encode(started))
             kept = 0
-            for i, e in enumerate(rollout_events(work / "r.jsonl", "run")):
+            for i, e in enumerate(rollouts()):
                 if i not in held_back:
                     pipeline.handle(e.kind, e.value)
                     kept += 1

@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EDGES", "Difficulty", "difficulty"]
+__all__ = ["EDGES", "Difficulty", "difficulty", "task_means"]
 
 EDGES = tuple(i / 10 for i in range(11))
 
@@ -51,6 +51,19 @@ def _share(zero: int, scored: int) -> float | None:
     return zero / scored if scored else None
 
 
+def task_means(
+    task: npt.NDArray[np.int64], reward: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Each task's mean reward, from rollouts in task order (``task`` ascending)."""
+    if not len(task):
+        return np.zeros(0)
+    starts = np.flatnonzero(np.r_[True, task[1:] != task[:-1]])
+    means: npt.NDArray[np.float64] = np.add.reduceat(reward, starts) / np.diff(
+        np.r_[starts, len(task)]
+    )
+    return means
+
+
 def difficulty(task: npt.NDArray[np.int64], reward: npt.NDArray[np.float64]) -> Difficulty:
     """The figures of one group, from its rollouts in task order (``task`` ascending)."""
     n = len(task)
@@ -61,7 +74,7 @@ def difficulty(task: npt.NDArray[np.int64], reward: npt.NDArray[np.float64]) -> 
     lo, hi = float(reward.min()), float(reward.max())
     t_min = np.minimum.reduceat(reward, starts)
     t_max = np.maximum.reduceat(reward, starts)
-    means = np.add.reduceat(reward, starts) / sizes
+    means = task_means(task, reward)
     scored = sizes >= 2
     same = scored & (t_min == t_max)
     counts, below, above = _histogram(means)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.processors.partwire import PART_LIST_TYPE, encode_answer
 from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.runs import PartView
+from rewardstream.processors.runs import PartView, Run
 from rewardstream.processors.snapshot import SnapshotJob
 from rewardstream.sinks.files import ProfilePaths
 from rewardstream.sinks.snapshot_wire import MEDIA_TYPE, SnapshotError
@@ -69,25 +69,36 @@ def make_app(
         return web.json_response({"status": "ok", "leader": pipeline.leader, "units": units})
 
     async def runs(_: web.Request) -> web.Response:
-        return web.json_response(
-            [
-                {
-                    "run_id": t.run_id,
-                    "rollouts": t.rollouts,
-                    "inputs": t.inputs,
-                    "expected_rollouts": t.expected,
-                    "finished": t.finished,
-                    "done": t.done,
-                    "state": _state(t.terminal is not None and t.terminal.evicted, t.done),
-                    # events seen before (a resumed or re-run collection, a redelivery):
-                    # each counted once, these copies ignored; not an error
-                    "duplicates_dropped": t.duplicates,
-                    # events a final record covers, read again after a restart
-                    "replays_skipped": t.replays,
-                }
-                for t in pipeline.runs.values()
-            ]
-        )
+        return web.json_response([_summary(t) for t in pipeline.runs.values()])
+
+    async def run(request: web.Request) -> web.Response:
+        """One run's summary, with per agent its live reward moments, task difficulty and
+        pass@k over this processor's tasks (a share per processor, as in /metrics)."""
+        run_id = request.match_info["run_id"]
+        found = pipeline.runs.get(run_id)
+        if found is None:
+            raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}")
+        figures = found.task_figures()
+        agents = {}
+        for agent, live in sorted(found.live().items()):
+            reward = live.columns.get("reward")
+            fig = figures.get(agent)
+            agents[agent] = {
+                "rollouts": live.rollouts,
+                "reward": None
+                if reward is None or not reward.count
+                else {
+                    "mean": reward.mean,
+                    "std": reward.std,
+                    "min": reward.min,
+                    "max": reward.max,
+                },
+                "tasks": None if fig is None else fig.difficulty,
+                "pass_at_k": None
+                if fig is None
+                else {str(k): 100.0 * t / n for k, (t, n) in fig.passes.items() if n},
+            }
+        return web.json_response(_summary(found) | {"agents": agents})
 
     async def parts(request: web.Request) -> web.Response:
         """This processor's parts of a run, for a peer's snapshot or final profile, with the
@@ -147,9 +158,27 @@ def make_app(
     app.router.add_get("/healthz", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/runs", runs)
+    app.router.add_get("/runs/{run_id}", run)
     app.router.add_get("/parts/{run_id}", parts)
     app.router.add_post("/runs/{run_id}/snapshot", snapshot)
     return app
+
+
+def _summary(t: Run) -> dict[str, Any]:
+    return {
+        "run_id": t.run_id,
+        "rollouts": t.rollouts,
+        "inputs": t.inputs,
+        "expected_rollouts": t.expected,
+        "finished": t.finished,
+        "done": t.done,
+        "state": _state(t.terminal is not None and t.terminal.evicted, t.done),
+        # events seen before (a resumed or re-run collection, a redelivery):
+        # each counted once, these copies ignored; not an error
+        "duplicates_dropped": t.duplicates,
+        # events a final record covers, read again after a restart
+        "replays_skipped": t.replays,
+    }
 
 
 def _state(evicted: bool, done: bool) -> str:

@@ -31,7 +31,8 @@ def finish(pipeline: Pipeline, run: Run) -> ProfilePaths | None:
     paths = pipeline.paths(run)
     parts: dict[str, PartView] = dict(run.parts)
     merged = merge_parts(parts[n] for n in sorted(parts))
-    run.failed(write_final(run.run_id, merged, paths, not run.complete, run.expected))
+    aggregates = pipeline.aggregates(run)
+    run.failed(write_final(run.run_id, merged, paths, not run.complete, run.expected, aggregates))
     if run.error is not None:  # say so, keep serving
         return None
     cuts = {n: u.position for n, u in pipeline.units.items()}
@@ -42,18 +43,32 @@ def finish(pipeline: Pipeline, run: Run) -> ProfilePaths | None:
     return paths
 
 
-def stream_files(inputs: Path, rollouts: Path, output_dir: Path, run_id: str) -> ProfilePaths:
-    """Stream a collection's files through the pipeline; returns where the profile went."""
+def stream_files(
+    inputs: Path,
+    rollouts: Path,
+    output_dir: Path,
+    run_id: str,
+    aggregate_metrics: bool = False,
+    answer_key: str | None = None,
+) -> ProfilePaths:
+    """Stream a collection's files through the pipeline; returns where the profile went
+    (with the aggregate and difficulty files when ``aggregate_metrics``)."""
     rejected: list[Rejected] = []
     with Pipeline(output_dir, on_reject=rejected.append) as pipeline:
         n_inputs = 0
         for event in input_events(inputs, run_id):
             pipeline.handle(event.kind, event.value)
             n_inputs += 1
-        started = RunStarted(run_id=run_id, expected_rollouts=n_inputs, output_stem=rollouts.stem)
+        started = RunStarted(
+            run_id=run_id,
+            expected_rollouts=n_inputs,
+            output_stem=rollouts.stem,
+            aggregate_metrics=aggregate_metrics,
+            answer_key=answer_key,
+        )
         checked(started)  # a bad run id or stem: BadEvent, which names it
         pipeline.handle("control", encode(started))
-        for event in rollout_events(rollouts, run_id):
+        for event in rollout_events(rollouts, run_id, answer_key):
             pipeline.handle(event.kind, event.value)
         run = pipeline.handle("control", encode(RunFinished(run_id=run_id)))
         if rejected:

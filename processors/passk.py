@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from rewardstream.processors.records import NO_ANSWER
 
-__all__ = ["key_metrics", "pass_majority_metrics"]
+__all__ = ["key_metrics", "live_ks", "pass_at_k_sums", "pass_majority_metrics"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -189,6 +189,29 @@ def pass_majority_metrics(task: I64, reward: F64, answers: I64 | None = None) ->
             metrics[f"pass@1[avg-of-{k}]/{name}/std_dev_across_runs"] = std
             metrics[f"pass@1[avg-of-{k}]/{name}/std_err_across_runs"] = std / math.sqrt(len(runs))
     return metrics
+
+
+def live_ks(max_k: int) -> list[int]:
+    """The bounded set of k shown live: 1, the largest power of two below ``max_k``, and
+    ``max_k`` itself (so a series per agent and run, never per k up to 128)."""
+    below = 1 << max(0, (max_k - 1).bit_length() - 1)
+    return sorted({1, below, max_k} - {0})
+
+
+def pass_at_k_sums(task: I64, reward: F64, ks: list[int]) -> dict[int, tuple[float, int]]:
+    """Per k: the sum over tasks with at least k rollouts of their pass@k (a fraction, as
+    :func:`pass_majority_metrics` averages it) and how many such tasks. Sums over disjoint
+    sets of tasks add up, so processors each report theirs and a query divides the totals."""
+    if not len(task):
+        return {}
+    tasks = _Tasks(task)
+    score = _Score(tasks, reward)
+    comb: dict[tuple[int, int, int], float] = {}
+    out = {}
+    for k in ks:
+        values = score.pass_at(tasks, k, comb)
+        out[k] = (float(values.sum()), len(values))
+    return out
 
 
 def _highest_k(

@@ -38,7 +38,7 @@ from rewardstream.contract import (
     reject_reason,
 )
 from rewardstream.errors import RewardstreamError
-from rewardstream.names import ProfilePaths
+from rewardstream.names import Aggregates, ProfilePaths
 from rewardstream.processors.runs import (
     Counts,
     Done,
@@ -133,8 +133,10 @@ class Pipeline:
         metrics: Counters | None = None,
         max_event_bytes: int | None = None,
         state_dir: Path | None = None,
+        aggregate_metrics: bool = False,
     ) -> None:
         self.output_dir = output_dir
+        self.aggregate_metrics = aggregate_metrics  # for every run, not only those asking
         self.state_dir = state_dir or output_dir
         self.max_event_bytes = max_event_bytes
         self.runs: dict[str, Run] = {}
@@ -415,6 +417,7 @@ class Pipeline:
             if after > 0 and not terminal.evicted and name in self.units:
                 late.append(Late(name, run_id, cut, self.units[name].position, after))
         tasks = tasks_by_part({n: p for n, p in run.parts.items() if p.final is None})
+        run.task_figures()  # as the parts hold them, before their states go
         for name, part in run.parts.items():
             part.retire(tasks.get(name, terminal.units.get(name, _NO_COUNTS).tasks))
         return late
@@ -455,6 +458,14 @@ class Pipeline:
         return SnapshotSource(
             merged, dict(sorted(covered.items())), self.paths(run), self.state_dir
         )
+
+    def aggregates(self, run: Run) -> Aggregates | None:
+        """The extra files a run's snapshots and final carry: asked for by its RunStarted, or
+        by this processor for every run; None for NeMo Gym's three files only."""
+        started = run.started
+        if not (self.aggregate_metrics or (started is not None and started.aggregate_metrics)):
+            return None
+        return Aggregates(answers=started is not None and started.answer_key is not None)
 
     def paths(self, run: Run) -> ProfilePaths:
         stem = run.started.output_stem if run.started else "rollouts"

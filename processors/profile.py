@@ -17,17 +17,24 @@ import numpy.typing as npt
 import orjson
 
 from rewardstream.errors import ProfileError
-from rewardstream.processors.difficulty import difficulty
+from rewardstream.processors.difficulty import EDGES, Difficulty, difficulty, task_means
 from rewardstream.processors.kernels import GroupStats, Summary, describe_groups, summarize_present
-from rewardstream.processors.passk import key_metrics, pass_majority_metrics
+from rewardstream.processors.passk import (
+    key_metrics,
+    live_ks,
+    pass_at_k_sums,
+    pass_majority_metrics,
+)
 from rewardstream.processors.state import InfoBytes, ProfileState
 
 __all__ = [
     "CompletionSummary",
     "Profile",
+    "TaskFigures",
     "TaskRow",
     "TaskRows",
     "build_profile",
+    "live_figures",
     "sampled_rows",
 ]
 
@@ -801,3 +808,53 @@ def sampled_rows(inputs: ProfileState, results: Sequence[ProfileState]) -> npt.N
     keep = np.empty(n, dtype=bool)
     keep[order] = before == at_start
     return keep
+
+
+class TaskFigures(NamedTuple):
+    """What is shown live of one agent's tasks in a run, over the states given (a processor's
+    parts): task difficulty, the per-task mean reward as Prometheus histogram buckets
+    (``mean_le[i]``: tasks whose mean is at most ``EDGES[i]``; the last, every task), and
+    pass@k sums for the bounded set of k (:func:`~rewardstream.processors.passk.live_ks`)."""
+
+    difficulty: Difficulty
+    mean_le: list[int]
+    mean_sum: float
+    passes: dict[int, tuple[float, int]]
+
+
+def live_figures(states: Sequence[ProfileState]) -> dict[str, TaskFigures]:
+    """Per agent (the rollout events' agent), the :class:`TaskFigures` of the unmasked results
+    with a numeric reward in ``states``. Tasks never span states (each is one partition's),
+    so the states' results are put side by side, not merged."""
+    found: dict[str, list[tuple[I64, I64, npt.NDArray[np.float64]]]] = {}
+    for state in states:
+        if not state.num_results:
+            continue
+        schema = state.column(state.res_schema)
+        where = [names.index("reward") if "reward" in names else -1 for names, _ in state.schemas]
+        at = np.asarray(where, dtype=np.int64)[schema]
+        agent = state.column(state.res_agent)
+        keep = (state.column(state.res_masked) == 0) & (agent >= 0) & (at >= 0)
+        starts, _ = state.value_starts(schema)
+        reward = state.column(state.pool)[starts[keep] + at[keep]]
+        task, rollout = state.column(state.res_task)[keep], state.column(state.res_rollout)[keep]
+        ids = agent[keep]
+        for ident in np.unique(ids).tolist():
+            mine = ids == ident
+            found.setdefault(state.names[ident], []).append(
+                (task[mine], rollout[mine], reward[mine])
+            )
+    out = {}
+    for name, pieces in sorted(found.items()):
+        task, rollout, reward = (np.concatenate(c) for c in zip(*pieces, strict=True))
+        order = np.lexsort((rollout, task))
+        task, reward = task[order], reward[order]
+        means = task_means(task, reward)
+        max_k = int(np.bincount(np.unique(task, return_inverse=True)[1]).max())
+        out[name] = TaskFigures(
+            difficulty(task, reward),
+            [int(np.sum(means <= edge)) for edge in EDGES] + [len(means)],
+            float(means.sum()),
+            pass_at_k_sums(task, reward, live_ks(max_k)),
+        )
+    return out

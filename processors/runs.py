@@ -34,6 +34,7 @@ import orjson
 
 from rewardstream.contract import Input, Rollout, RunStarted
 from rewardstream.errors import InvalidRow
+from rewardstream.processors.profile import TaskFigures, live_figures
 from rewardstream.processors.state import LOCATOR_BITS, InfoBytes, ProfileState, row_key, row_names
 from rewardstream.processors.welford import RunningStats
 
@@ -377,6 +378,7 @@ class Run:
         self._failed_at: tuple[int, int] | None = None  # (inputs, rollouts) when it failed
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
         self.foreign: dict[str, Counts] = {}  # unit name -> counts, units other processors own
+        self._figures: tuple[int, dict[str, TaskFigures]] = (0, {})  # (rollouts, figures)
 
     @property
     def expected(self) -> int | None:
@@ -435,6 +437,15 @@ class Run:
             for agent, stats in part.live().items():
                 merged.setdefault(agent, RunningStats()).merge(stats)
         return merged
+
+    def task_figures(self) -> dict[str, TaskFigures]:
+        """Per agent, task difficulty and pass@k sums over this process's parts (see
+        :func:`~rewardstream.processors.profile.live_figures`): computed again only once
+        rollouts have come since, and kept as they were when the parts retire."""
+        count = self.local_rollouts
+        if count != self._figures[0] and not any(p.final for p in self.parts.values()):
+            self._figures = (count, live_figures([p.state for p in self.parts.values()]))
+        return self._figures[1]
 
     def tasks_complete(self) -> int:
         """Tasks whose every materialized row has its result here (masked ones included).

@@ -29,7 +29,7 @@ from rewardstream.errors import RewardstreamError
 from rewardstream.processors.pipeline import Pipeline
 from rewardstream.processors.profile import build_profile
 from rewardstream.processors.runs import PartView
-from rewardstream.sinks.files import ProfilePaths, task_lines
+from rewardstream.sinks.files import ProfilePaths, aggregate_files, task_lines
 from rewardstream.sinks.snapshot_wire import (
     CHUNK,
     END,
@@ -80,7 +80,7 @@ def _final_files(pipeline: Pipeline, run_id: str, paths: ProfilePaths, out: Bina
     """A done run's snapshot is its final files: its state is dropped once they are written
     (:meth:`Pipeline.mark_final`), and they are what a snapshot of every rollout would give."""
     run = pipeline.runs[run_id]
-    order = (paths.reward_profiling, paths.agent_metrics, paths.repeat_level_metrics)
+    order = [*paths, *(p for p in paths.extras() if p.exists())]
     files = [p.name for p in order]
     head = SnapshotHead(run_id, run.rollouts, run.inputs, pipeline.positions(), files)
     out.write(orjson.dumps(head._asdict(), option=orjson.OPT_APPEND_NEWLINE))
@@ -106,7 +106,8 @@ def _build(
         out.write(orjson.dumps({"error": str(exc)}, option=orjson.OPT_APPEND_NEWLINE))
         return
     paths: ProfilePaths = source.paths
-    order = (paths.reward_profiling, paths.agent_metrics, paths.repeat_level_metrics)
+    aggregates = pipeline.aggregates(pipeline.runs[run_id])
+    order = [*paths, *(paths.extras() if aggregates is not None else [])]
     head = SnapshotHead(
         run_id, state.num_results, state.num_inputs, source.offsets, [p.name for p in order]
     )
@@ -120,6 +121,10 @@ def _build(
             spool.writelines(frames(0, task_lines(rows.range(split, len(rows)), sample)))
             spool.writelines(frames(1, [orjson.dumps(profile.agent_metrics)]))
             spool.writelines(frames(2, [orjson.dumps(profile.repeat_metrics)]))
+            if aggregates is not None:
+                extra = aggregate_files(profile, paths, aggregates)
+                for index, (_, blocks) in enumerate(extra, start=3):
+                    spool.writelines(frames(index, blocks))
             spool.flush()
 
         helper = _fork(second_half)

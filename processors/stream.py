@@ -119,6 +119,7 @@ class StreamProcessor:
         state_dir: Path | None = None,
         advertise: str | None = None,
         evict_after: float = 24 * 3600.0,
+        aggregate_metrics: bool = False,
     ) -> None:
         self.bootstrap = bootstrap
         self.security = security or KafkaSecurity.from_env()  # SASL/TLS for every client
@@ -140,6 +141,7 @@ class StreamProcessor:
             metrics=self.metrics,
             max_event_bytes=max_event_bytes,
             state_dir=self.state_dir / "parts",
+            aggregate_metrics=aggregate_metrics,
         )
         self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
         self._parking = 0  # dead letters sent but not yet acknowledged
@@ -673,7 +675,9 @@ class StreamProcessor:
         folder = self.state_dir / "finals" / run.run_id
         stem = run.started.output_stem if run.started else "rollouts"
         paths = ProfilePaths.next_to(folder / f"{stem}.jsonl")
-        run.failed(write_final(run.run_id, merged, paths, partial, run.expected))
+        aggregates = self.pipeline.aggregates(run)
+        run.failed(write_final(run.run_id, merged, paths, partial, run.expected, aggregates))
+        files = [*paths, *(paths.extras() if aggregates is not None else [])]
         if run.error is not None:  # say so, keep serving
             return
         del merged
@@ -697,23 +701,22 @@ class StreamProcessor:
             },
         )
         standing = await publish_final(
-            self.bootstrap, self.security, self.engine_topics, record, list(paths)
+            self.bootstrap, self.security, self.engine_topics, record, files
         )
         if standing.written_by == self.member:
-            self._mirror(run.run_id, paths)
+            self._mirror(run.run_id, files)
             log.info("run %s: final profile written (%d rollouts)", run.run_id, standing.rollouts)
         self._final(standing)
         shutil.rmtree(folder, ignore_errors=True)
 
-    def _mirror(self, run_id: str, paths: ProfilePaths) -> None:
+    def _mirror(self, run_id: str, files: list[Path]) -> None:
         """The final files in ``--output-dir`` too (atomically), where users look for them."""
         if self.output_dir is None:
             return
-        stem = paths.reward_profiling.name.removesuffix("_reward_profiling.jsonl")
-        target = ProfilePaths.next_to(self.output_dir / run_id / f"{stem}.jsonl")
+        target = self.output_dir / run_id
         try:
-            target.reward_profiling.parent.mkdir(parents=True, exist_ok=True)
-            write_files([(t, _blocks(p)) for t, p in zip(target, paths, strict=True)])
+            target.mkdir(parents=True, exist_ok=True)
+            write_files([(target / p.name, _blocks(p)) for p in files])
         except (RewardstreamError, OSError) as exc:  # a mirror: never worth stopping for
             log.error(
                 "run %s: the final profile is in Kafka but not in %s: %s",
@@ -940,12 +943,22 @@ def _young_collections(threshold: int) -> Iterator[None]:
 
 class _QuietStart(logging.Filter):
     """aiokafka logs ERROR for what every healthy start goes through: topics the broker
-    creates on first use (``Topic ... not found in cluster metadata``) and a new group's
-    coordinator still loading (``GroupCoordinatorNotAvailableError``). Until the first
-    assignment (``started``) those lines are INFO; after it they are errors again. A context
-    manager that filters aiokafka's two loggers while it is entered."""
+    creates on first use (``Topic ... not found in cluster metadata``), a topic just created
+    whose leader is still being elected (``NotLeaderForPartitionError`` when fetching its
+    offsets) and a new group's coordinator still loading (``GroupCoordinatorNotAvailableError``).
+    Until the first assignment (``started``) those lines are INFO; after it they are errors
+    again. A context manager that filters aiokafka's loggers while it is entered."""
 
-    _LOGGERS = ("aiokafka.cluster", "aiokafka.consumer.group_coordinator")
+    _LOGGERS = (
+        "aiokafka.cluster",
+        "aiokafka.consumer.group_coordinator",
+        "aiokafka.consumer.fetcher",
+    )
+    _EXPECTED = (
+        "not found in cluster metadata",
+        "CoordinatorNotAvailable",
+        "NotLeaderForPartition",
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -954,7 +967,7 @@ class _QuietStart(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.started and record.levelno == logging.ERROR:
             text = record.getMessage()
-            if "not found in cluster metadata" in text or "CoordinatorNotAvailable" in text:
+            if any(expected in text for expected in self._EXPECTED):
                 record.levelno, record.levelname = logging.INFO, "INFO"
                 record.msg, record.args = f"{text} (as expected while starting)", ()
         return True

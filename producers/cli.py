@@ -84,6 +84,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--group-id", help="with --wait-profile: the processors' group (default <prefix>-profiler)"
     )
+    p.add_argument(
+        "--aggregate-metrics",
+        action="store_true",
+        help="the run's snapshots and final also carry _aggregate_metrics.json (pass@k, "
+        "avg-of-k, majority@k) and _task_difficulty.json",
+    )
+    p.add_argument(
+        "--answer-key",
+        metavar="FIELD",
+        help="the result field majority@k votes on, in the run's aggregate file (asked for "
+        "here or by the processors' --aggregate-metrics)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     kafka_options.add_arguments(p)
     p.set_defaults(func=_cmd_publish)
@@ -134,7 +146,7 @@ async def _wait(args: argparse.Namespace, run_id: str) -> list[str]:
         args.wait_timeout,
         kafka_config.from_args(args),
     )
-    return profile_lines(paths)
+    return profile_lines(paths, extras=False)
 
 
 async def _publish(args: argparse.Namespace) -> PublishReport:
@@ -160,4 +172,6 @@ async def _publish(args: argparse.Namespace) -> PublishReport:
         stop=stop,
         progress=not args.quiet,
         security=security,
+        aggregate_metrics=args.aggregate_metrics,
+        answer_key=args.answer_key,
     )

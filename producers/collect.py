@@ -98,6 +98,8 @@ class CollectConfig(MaterializeOptions):
     kafka_group_id: str | None = None
     kafka_wait_profile: bool = False
     kafka_wait_profile_timeout_s: float = Field(default=600.0, gt=0)
+    kafka_aggregate_metrics: bool = False
+    kafka_answer_key: str | None = None
     quiet: bool = False
 
 
@@ -462,7 +464,11 @@ class _Collector:
             try:
                 started = checked(
                     RunStarted(
-                        run_id=self.run_id, expected_rollouts=len(plan.rows), output_stem=stem
+                        run_id=self.run_id,
+                        expected_rollouts=len(plan.rows),
+                        output_stem=stem,
+                        aggregate_metrics=cfg.kafka_aggregate_metrics,
+                        answer_key=cfg.kafka_answer_key,
                     )
                 )
             except BadEvent as exc:
@@ -592,7 +598,8 @@ class _Collector:
             if _key(result) in self.unsent:
                 self.withheld += 1
                 return
-            event = rollout_event(result, self.run_id, self.paths.rollouts, line)
+            answer_key = self.cfg.kafka_answer_key
+            event = rollout_event(result, self.run_id, self.paths.rollouts, line, answer_key)
             await self.sink.send(
                 event.kind, event.key, event.value, f"{self.paths.rollouts}:{line}"
             )
@@ -790,7 +797,7 @@ def run(config: dict[str, Any], sink: EventSink | None = None) -> CollectReport:
     if report.failed:
         print(f"Failed attempts: {report.failed} (not rewards), in {report.paths.failures}")
     if report.profile is not None:
-        print(*profile_lines(report.profile), sep="\n")
+        print(*profile_lines(report.profile, extras=False), sep="\n")
     return report
 
 
@@ -818,6 +825,11 @@ _OVERRIDE_HELP = {
     "kafka_group_id": ("G", "the processors' group (default: <prefix>-profiler)"),
     "kafka_wait_profile": ("BOOL", "then wait for the final profile and write it next to D/S"),
     "kafka_wait_profile_timeout_s": ("S", "give up waiting after S seconds"),
+    "kafka_aggregate_metrics": (
+        "BOOL",
+        "the streamed profile also gets pass@k and task difficulty files (profiles get)",
+    ),
+    "kafka_answer_key": ("FIELD", "the result field majority@k votes on, in those files"),
     "quiet": ("BOOL", "no progress bar"),
 }
 

@@ -42,12 +42,15 @@ def input_event(row: Any, run_id: str, path: Path, lineno: int) -> WireEvent:
         raise LineError(str(path), lineno, str(exc)) from None
 
 
-def rollout_event(row: Any, run_id: str, path: Path, lineno: int) -> WireEvent:
+def rollout_event(
+    row: Any, run_id: str, path: Path, lineno: int, answer_key: str | None = None
+) -> WireEvent:
     """The event of result line ``lineno`` of ``path``: its record, extracted as the profiler
-    extracts it, so a line the profiler would reject fails here with the same message."""
+    extracts it, so a line the profiler would reject fails here with the same message (with
+    the answer under ``answer_key``, when the run has one)."""
     try:
         task, rollout = row_key(row)
-        record = extract_result(row, task, rollout)
+        record = extract_result(row, task, rollout, answer_key)
     except InvalidRow as exc:
         raise LineError(str(path), lineno, str(exc)) from None
     value = encode_rollout(run_id, task, rollout, agent_of(row), record, time.time())
@@ -59,6 +62,6 @@ def input_events(path: Path, run_id: str) -> Iterator[WireEvent]:
         yield input_event(line.value, run_id, path, line.lineno)
 
 
-def rollout_events(path: Path, run_id: str) -> Iterator[WireEvent]:
+def rollout_events(path: Path, run_id: str, answer_key: str | None = None) -> Iterator[WireEvent]:
     for line in iter_jsonl(path):
-        yield rollout_event(line.value, run_id, path, line.lineno)
+        yield rollout_event(line.value, run_id, path, line.lineno, answer_key)

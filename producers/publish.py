@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import sys
@@ -99,6 +100,8 @@ async def publish_files(
     stop: asyncio.Event | None = None,
     progress: bool = False,
     security: KafkaSecurity | None = None,
+    aggregate_metrics: bool = False,
+    answer_key: str | None = None,
 ) -> PublishReport:
     """Publish one collection (see the module docstring for the order of events).
 
@@ -110,6 +113,8 @@ async def publish_files(
     seconds without a new complete line; when ``stop`` is set it ends, finishing the run only
     with ``finish_on_stop``. Inputs are read once, at the start.
     ``security``: SASL/TLS settings (default: from ``REWARDSTREAM_KAFKA_*``).
+    ``aggregate_metrics`` asks the processors for the aggregate and difficulty files of the
+    run, with majority@k over the results' ``answer_key`` when given.
     """
     began = time.perf_counter()
     _check_follow_options(follow, finish_when_idle, finish_on_stop)
@@ -120,6 +125,7 @@ async def publish_files(
     _check_run(run_id, stem)
     topics = topics or Topics.for_prefix()
     security = security or KafkaSecurity.from_env()
+    make_rollout = functools.partial(rollout_event, answer_key=answer_key)
     producer = await _start_producer(bootstrap, security)
     try:
         # the limits first: an encoder names the line whose event a topic would refuse
@@ -132,7 +138,7 @@ async def publish_files(
             rollouts_encoder = (
                 None
                 if follow
-                else stack.enter_context(Encoder(rollouts, rollout_event, run_id, rollouts_limit))
+                else stack.enter_context(Encoder(rollouts, make_rollout, run_id, rollouts_limit))
             )
             sender = Sender(producer)
             bar = tqdm(
@@ -145,11 +151,17 @@ async def publish_files(
                 with bar:
                     n_inputs = await sender.send_all(topics.inputs, input_encoder.chunks())
                     started = RunStarted(
-                        run_id=run_id, expected_rollouts=n_inputs, output_stem=stem
+                        run_id=run_id,
+                        expected_rollouts=n_inputs,
+                        output_stem=stem,
+                        aggregate_metrics=aggregate_metrics,
+                        answer_key=answer_key,
                     )
                     await sender.send(topics.control, encode(started), run_id.encode())
                     await sender.flush()  # consumers learn of the run now, not with the next batch
-                    publisher = _RolloutPublisher(rollouts, rollouts_limit, sender, run_id, bar)
+                    publisher = _RolloutPublisher(
+                        rollouts, rollouts_limit, sender, (run_id, answer_key), bar
+                    )
                     if rollouts_encoder is None:
                         finish = _Finish(n_inputs, finish_when_idle, finish_on_stop)
                         finished = await publisher.follow(finish, stop or asyncio.Event())
@@ -358,9 +370,16 @@ class _RolloutPublisher:
     """Sends rollouts events: the whole file once (encoded by children), or a growing file."""
 
     def __init__(
-        self, path: Path, limit: MessageLimit, sender: Sender, run_id: str, bar: tqdm[Any]
+        self,
+        path: Path,
+        limit: MessageLimit,
+        sender: Sender,
+        run: tuple[str, str | None],
+        bar: tqdm[Any],
     ) -> None:
-        self.path, self.limit, self.sender, self.run_id, self.bar = path, limit, sender, run_id, bar
+        """``run``: the run id, and the answer key its records carry answers of."""
+        self.path, self.limit, self.sender, self.bar = path, limit, sender, bar
+        self.run_id, self.answer_key = run
         self.topic = limit.topic
         self.sent = 0
         self.keys: set[tuple[int, int]] = set()  # distinct rollouts sent (follow only)
@@ -371,7 +390,7 @@ class _RolloutPublisher:
     def _event(self, row: Any, run_id: str, path: Path, lineno: int) -> WireEvent:
         """:func:`rollout_event`, noting the key: a file read again from its start (truncated,
         replaced) must not count its rollouts twice toward the expected count."""
-        event = rollout_event(row, run_id, path, lineno)
+        event = rollout_event(row, run_id, path, lineno, self.answer_key)
         self.keys.add((row["_ng_task_index"], row["_ng_rollout_index"]))  # checked just now
         return event
 

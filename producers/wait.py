@@ -2,7 +2,9 @@
 
 ``rewardstream publish --wait-profile`` and ``ng_collect_rollouts +kafka_wait_profile=true``
 write the processors' final files next to the rollouts file, where ``ng_reward_profile`` would
-put them: a NeMo Gym user finds the same files in the same place, already computed.
+put them: a NeMo Gym user finds the same files in the same place, already computed. Only the
+three profile files go there: a ``S_aggregate_metrics.json`` beside them is the collector's
+(from the agents), never replaced; ``rewardstream profiles get`` fetches the run's own.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ async def wait_profile(
     out: Path,
     timeout: float,
     security: KafkaSecurity | None = None,
+    extras: bool = False,
 ) -> ProfilePaths:
-    """The run's final profile, written into ``out`` (group default: ``<prefix>-profiler``)."""
+    """The run's final profile, written into ``out`` (group default: ``<prefix>-profiler``);
+    its aggregate and difficulty files too with ``extras``."""
     prefix = topics.control.removesuffix(".control")
     return await fetch_profile(
         bootstrap,
@@ -38,4 +42,5 @@ async def wait_profile(
         run_id,
         out,
         timeout,
+        extras,
     )

@@ -16,12 +16,13 @@ import http.client
 import logging
 import signal
 import sys
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -33,6 +34,9 @@ from rewardstream.kafka_options import BOOTSTRAP_HELP
 from rewardstream.names import ProfilePaths, run_id_from
 from rewardstream.overrides import parse_overrides
 from rewardstream.producers import cli as publish_cli
+
+if TYPE_CHECKING:
+    from rewardstream.sinks.snapshot_wire import SnapshotHead
 
 __all__ = ["main", "ng_reward_profile"]
 
@@ -176,6 +180,7 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         state_dir=None if args.state_dir is None else Path(args.state_dir),
         advertise=args.advertise_url,
         evict_after=args.evict_after,
+        aggregate_metrics=args.aggregate_metrics,
     )
 
     async def main() -> None:
@@ -215,11 +220,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     expected = ProfilePaths.next_to(Path(args.output_dir) / run_id / f"{rollouts.stem}.jsonl")
     before = _digests(expected)
     try:
-        paths = stream_files(inputs, rollouts, Path(args.output_dir), run_id)
+        if args.answer_key is not None and not args.aggregate_metrics:
+            raise InputError("--answer-key applies with --aggregate-metrics")
+        paths = stream_files(
+            inputs,
+            rollouts,
+            Path(args.output_dir),
+            run_id,
+            aggregate_metrics=args.aggregate_metrics,
+            answer_key=args.answer_key,
+        )
     except BadEvent as exc:  # the run id or the stem
         value = run_id if exc.field == "run_id" else rollouts.stem
         raise InputError(f"invalid {exc.field} {value!r}: {exc.message}") from None
-    print(*profile_lines(paths), sep="\n")
+    print(*profile_lines(paths, args.aggregate_metrics), sep="\n")
     if paths == expected and any(d is not None for d in before):
         folder = paths.reward_profiling.parent
         if before == _digests(paths):
@@ -247,20 +261,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_snapshot(args: argparse.Namespace) -> int:
-    from rewardstream.sinks.snapshot_wire import receive
-
-    url = f"{args.url.rstrip('/')}/runs/{urllib.parse.quote(args.run_id, safe='')}/snapshot"
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=600) as r:
-            head = receive(r, Path(args.out), url)
-    except urllib.error.HTTPError as exc:
-        raise InputError(
-            f"snapshot failed: HTTP {exc.code} {exc.read().decode(errors='replace')}"
-        ) from None
-    except urllib.error.URLError as exc:
-        raise InputError(f"cannot reach {args.url}: {exc.reason}") from None
-    except (http.client.HTTPException, ConnectionError) as exc:  # the stream broke off
-        raise InputError(f"{url}: the snapshot response was cut short ({exc!r})"[:300]) from None
+    head = _snapshot(args.url, args.run_id, Path(args.out))
     print(
         f"snapshot run_id={head.run_id} rollouts={head.rollouts} inputs={head.inputs} "
         f"offsets={orjson.dumps(head.offsets).decode()} -> {args.out}"
@@ -268,27 +269,70 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot(base: str, run_id: str, out: Path) -> SnapshotHead:
+    """Fetch a run's snapshot from a processor at ``base`` into ``out``."""
+    from rewardstream.sinks.snapshot_wire import receive
+
+    url = f"{base.rstrip('/')}/runs/{urllib.parse.quote(run_id, safe='')}/snapshot"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=600) as r:
+            return receive(r, out, url)
+    except urllib.error.HTTPError as exc:
+        raise InputError(
+            f"snapshot failed: HTTP {exc.code} {exc.read().decode(errors='replace')}"
+        ) from None
+    except urllib.error.URLError as exc:
+        raise InputError(f"cannot reach {base}: {exc.reason}") from None
+    except (http.client.HTTPException, ConnectionError) as exc:  # the stream broke off
+        raise InputError(f"{url}: the snapshot response was cut short ({exc!r})"[:300]) from None
+
+
+def _cmd_curate(args: argparse.Namespace) -> int:
+    from rewardstream.sinks.curate import Criteria, curate, find_profile, report_lines
+
+    criteria = Criteria(None if args.band is None else tuple(args.band), args.min_std)
+    criteria.check()  # before anything is fetched
+    sources = [args.profile is not None, args.url is not None, args.bootstrap is not None]
+    if sum(sources) != 1:
+        raise InputError("curate takes one source: a PROFILE, --url or --bootstrap")
+    if (args.url or args.bootstrap) and not args.run_id:
+        raise InputError("--url and --bootstrap need --run-id")
+    with tempfile.TemporaryDirectory(prefix="rewardstream-curate-") as scratch:
+        if args.profile is not None:
+            profile = find_profile(Path(args.profile))
+        elif args.url is not None:
+            _snapshot(args.url, args.run_id, Path(scratch))
+            profile = find_profile(Path(scratch))
+        else:
+            profile = _fetch_final(args, Path(scratch)).reward_profiling
+        result = curate(profile, Path(args.out), criteria)
+    print(*report_lines(result), sep="\n")
+    print(f"curated tasks: {args.out}")
+    return 0
+
+
 def _cmd_profiles_get(args: argparse.Namespace) -> int:
+    from rewardstream.sinks.files import profile_lines
+
+    paths = _fetch_final(args, Path(args.out))
+    print(*profile_lines(paths), sep="\n")
+    return 0
+
+
+def _fetch_final(args: argparse.Namespace, out: Path) -> ProfilePaths:
+    """A run's final profile from Kafka into ``out`` (``--bootstrap``, ``--topic-prefix``,
+    ``--group-id``, ``--run-id``, ``--timeout`` and the Kafka security options)."""
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
     from rewardstream.producers.wait import wait_profile
-    from rewardstream.sinks.files import profile_lines
 
     topics = Topics.for_prefix(args.topic_prefix)
     security = kafka_config.from_args(args)
-    paths = asyncio.run(
+    return asyncio.run(
         wait_profile(
-            args.bootstrap,
-            topics,
-            args.group_id,
-            args.run_id,
-            Path(args.out),
-            args.timeout,
-            security,
+            args.bootstrap, topics, args.group_id, args.run_id, out, args.timeout, security, True
         )
     )
-    print(*profile_lines(paths), sep="\n")
-    return 0
 
 
 def _cmd_profiles_list(args: argparse.Namespace) -> int:
@@ -404,6 +448,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1 << 20,
         help="larger events go to the dead-letter topic unparsed, reason 'oversized' (1 MiB)",
     )
+    st.add_argument(
+        "--aggregate-metrics",
+        action="store_true",
+        help="every run's snapshots and final carry _aggregate_metrics.json and "
+        "_task_difficulty.json, not only those whose publisher asked",
+    )
     kafka_options.add_arguments(st)
     st.set_defaults(func=_cmd_stream)
     rp = sub.add_parser(
@@ -413,6 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--rollouts", required=True, help="the rollouts .jsonl file")
     rp.add_argument("--output-dir", required=True, help="the profile goes to DIR/<run_id>/")
     rp.add_argument("--run-id", default=None, help="default: the rollouts file's stem")
+    rp.add_argument(
+        "--aggregate-metrics",
+        action="store_true",
+        help="also write _aggregate_metrics.json and _task_difficulty.json",
+    )
+    rp.add_argument("--answer-key", metavar="FIELD", help="the result field majority@k votes on")
     rp.set_defaults(func=_cmd_replay)
     sn = sub.add_parser("snapshot", help="fetch a partial profile from a running processor")
     sn.add_argument(
@@ -462,6 +518,41 @@ def build_parser() -> argparse.ArgumentParser:
         kafka_options.add_arguments(p)
     get.set_defaults(func=_cmd_profiles_get)
     lst.set_defaults(func=_cmd_profiles_list)
+    cu = sub.add_parser(
+        "curate",
+        help="write the tasks whose pass rate is in a band (and/or whose reward varies) as "
+        "JSONL for the next collection",
+    )
+    cu.add_argument(
+        "profile",
+        nargs="?",
+        help="a *_reward_profiling.jsonl (final or snapshot), or the folder holding one",
+    )
+    cu.add_argument("--url", type=_http_url, help="or: snapshot the run from this processor")
+    cu.add_argument(
+        "--bootstrap",
+        type=kafka_options.bootstrap_arg,
+        help=f"or: the run's final profile from Kafka: {BOOTSTRAP_HELP}",
+    )
+    cu.add_argument("--run-id", help="with --url or --bootstrap: the run")
+    cu.add_argument("--out", required=True, help="the JSONL file of curated task rows")
+    cu.add_argument(
+        "--band",
+        nargs=2,
+        type=float,
+        metavar=("LO", "HI"),
+        help="keep tasks whose mean reward (pass rate) is in [LO, HI], e.g. 0.2 0.8",
+    )
+    cu.add_argument(
+        "--min-std", type=float, metavar="S", help="keep tasks whose reward std is above S"
+    )
+    cu.add_argument("--topic-prefix", default="rewardstream", help="with --bootstrap: topics")
+    cu.add_argument("--group-id", default=None, help="with --bootstrap: the processors' group")
+    cu.add_argument(
+        "--timeout", type=float, default=0.0, metavar="S", help="with --bootstrap: wait S s (0)"
+    )
+    kafka_options.add_arguments(cu)
+    cu.set_defaults(func=_cmd_curate)
     publish_cli.add_parser(sub)
     kafka_local.add_parser(sub)
     return parser

@@ -263,12 +263,17 @@ class RunStarted(_Event, kw_only=True):
 
     - ``expected_rollouts``: how many rollouts to expect (its input rows);
     - ``output_stem``: the rollouts file's stem, which names the profile's files
-      (``^[\\w.-]+$``, at most 200 bytes in UTF-8).
+      (``^[\\w.-]+$``, at most 200 bytes in UTF-8);
+    - ``aggregate_metrics``: its snapshots and final also carry ``_aggregate_metrics.json``
+      (pass@k and friends) and ``_task_difficulty.json``;
+    - ``answer_key``: the result field its rollout records carry answers of (majority@k).
     """
 
     type: Literal["run_started"] = "run_started"
     expected_rollouts: _Count
     output_stem: _Stem
+    aggregate_metrics: bool = False
+    answer_key: str | None = None
 
     def __post_init__(self) -> None:
         _check_run_id(self.run_id)
@@ -301,8 +306,16 @@ assert RolloutRecord.__struct_fields__ == ResultRecord._fields  # field for fiel
 
 
 def encode(event: Event) -> bytes:
-    """Compact JSON bytes of an event, its fields in order, as orjson writes them."""
-    return orjson.dumps(_asdict(event), default=_wire)
+    """Compact JSON bytes of an event, its fields in order, as orjson writes them (a
+    ``RunStarted`` without aggregates is written without their fields, as before them)."""
+    fields = _asdict(event)
+    if type(event) is RunStarted:
+        fields = {k: v for k, v in fields.items() if _STARTED_DEFAULTS.get(k, _KEEP) != v}
+    return orjson.dumps(fields, default=_wire)
+
+
+_STARTED_DEFAULTS = {"aggregate_metrics": False, "answer_key": None}
+_KEEP = object()
 
 
 _asdict = msgspec.structs.asdict

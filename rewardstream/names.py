@@ -15,6 +15,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "RUN_ID",
     "STEM",
+    "Aggregates",
     "ProfilePaths",
     "fits_a_name",
     "run_id_from",
@@ -50,6 +51,13 @@ def valid_output_stem(stem: object) -> bool:
     )
 
 
+class Aggregates(NamedTuple):
+    """What a run asked for beyond NeMo Gym's three files: ``_aggregate_metrics.json`` and
+    ``_task_difficulty.json``, with majority@k when its results carry answers."""
+
+    answers: bool = False
+
+
 class ProfilePaths(NamedTuple):
     """The three files ``ng_reward_profile`` writes next to the rollouts file."""
 
@@ -66,6 +74,10 @@ class ProfilePaths(NamedTuple):
     def task_difficulty(self) -> Path:
         """``<stem>_task_difficulty.json``: rewardstream's own, beside NeMo Gym's files."""
         return self._beside("_task_difficulty.json")
+
+    def extras(self) -> list[Path]:
+        """The files :class:`Aggregates` add, in the order they are written."""
+        return [self.aggregate_metrics, self.task_difficulty]
 
     def _beside(self, suffix: str) -> Path:
         name = self.reward_profiling.name.removesuffix("_reward_profiling.jsonl")

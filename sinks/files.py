@@ -21,12 +21,12 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO
 
 import orjson
 
 from rewardstream.errors import InputError, ProfileError
-from rewardstream.names import ProfilePaths
+from rewardstream.names import Aggregates, ProfilePaths
 
 if TYPE_CHECKING:  # annotations only: the snapshot client writes files without numpy
     from rewardstream.processors.profile import Profile, TaskRow
@@ -103,13 +103,6 @@ def write_profile(
     write_files(files)
 
 
-class Aggregates(NamedTuple):
-    """What a run asked for beyond NeMo Gym's three files: ``_aggregate_metrics.json`` and
-    ``_task_difficulty.json``, with majority@k when its results carry answers."""
-
-    answers: bool = False
-
-
 def aggregate_files(
     profile: Profile, paths: ProfilePaths, aggregates: Aggregates
 ) -> list[tuple[Path, Iterable[bytes]]]:
@@ -125,7 +118,12 @@ def aggregate_files(
 
 
 def write_final(
-    run_id: str, merged: Merged, paths: ProfilePaths, partial: bool, expected: int | None
+    run_id: str,
+    merged: Merged,
+    paths: ProfilePaths,
+    partial: bool,
+    expected: int | None,
+    aggregates: Aggregates | None = None,
 ) -> str | None:
     """Write a run's final profile from its merged parts, as either transport finishes a run;
     the error when it cannot be profiled (e.g. rollouts without their input rows), logged.
@@ -146,7 +144,7 @@ def write_final(
     except OSError as exc:
         raise InputError(f"Cannot write '{folder}': {exc.strerror}") from None
     try:
-        write_profile(build_profile(merged.state, partial), paths, merged.sample)
+        write_profile(build_profile(merged.state, partial), paths, merged.sample, aggregates)
     except ProfileError as exc:
         log.error("run %s: no final profile: %s", run_id, exc)
         return str(exc)
@@ -258,14 +256,6 @@ def summary_lines(profile: Profile, paths: ProfilePaths, aggregates: bool = Fals
     """The seven stdout lines NeMo Gym 0.7.0 prints after profiling (spec §2.11), and two
     more naming the aggregate and difficulty files when they were written."""
     s = profile.summary
-    extra = (
-        [
-            f"Aggregate metrics: {paths.aggregate_metrics}",
-            f"Task difficulty: {paths.task_difficulty}",
-        ]
-        if aggregates
-        else []
-    )
     return [
         "Profiling outputs:",
         f"Reward profile completion: {s.completed_rollout_rows}/{s.expected_rollout_rows} "
@@ -275,12 +265,16 @@ def summary_lines(profile: Profile, paths: ProfilePaths, aggregates: bool = Fals
         "from output.",
         f"Masked from quality metrics: {profile.masked_rollouts} rollout rows (kept in "
         "completion accounting above).",
-        *profile_lines(paths),
-        *extra,
+        *profile_lines(paths, aggregates),
     ]
 
 
-def profile_lines(paths: ProfilePaths) -> list[str]:
-    """NeMo Gym's three closing lines naming the profile files."""
+def profile_lines(paths: ProfilePaths, extras: bool | None = None) -> list[str]:
+    """NeMo Gym's three closing lines naming the profile files, and two more naming the
+    aggregate and difficulty files when ``extras`` (None: when both are there)."""
     labels = ("Reward profiling outputs", "Agent-level metrics", "Repeat-level metrics")
-    return [f"{label}: {path}" for label, path in zip(labels, paths, strict=True)]
+    lines = [f"{label}: {path}" for label, path in zip(labels, paths, strict=True)]
+    if extras or (extras is None and all(p.exists() for p in paths.extras())):
+        lines += [f"Aggregate metrics: {paths.aggregate_metrics}"]
+        lines += [f"Task difficulty: {paths.task_difficulty}"]
+    return lines

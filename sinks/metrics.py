@@ -26,9 +26,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from rewardstream.contract import REJECT_REASONS, RejectReason, Rollout
+from rewardstream.processors.difficulty import EDGES
 
 if TYPE_CHECKING:
     from rewardstream.processors.pipeline import EventKind
+    from rewardstream.processors.profile import TaskFigures
     from rewardstream.processors.runs import Run
 
 __all__ = ["Metrics"]
@@ -94,12 +96,61 @@ class _LiveCollector(Collector):
         yield from stats.values()
         yield completion
         yield tasks
+        yield from _task_families(
+            {
+                run_id: run.task_figures()
+                for run_id, run in self._runs().items()
+                if not (run.terminal is not None and run.terminal.evicted)
+            }
+        )
         lag = GaugeMetricFamily(
             "rewardstream_consumer_lag", "messages behind the log end", labels=["partition"]
         )
         for partition, behind in self._lag().items():
             lag.add_metric([partition], behind)
         yield lag
+
+
+_TASK_KINDS = ("scored", "single", "zero_variance", "mixed", "all_max", "all_min")
+
+
+def _task_families(figures: dict[str, dict[str, TaskFigures]]) -> Iterator[Metric]:
+    """Task difficulty and pass@k by (run, agent), over this processor's tasks. Each family
+    adds up over the processors of a group (tasks are partitioned), so run-wide values are
+    sums: pass@k = sum(..._tasks_sum) / sum(..._tasks) by run_id, agent, k."""
+    kinds = GaugeMetricFamily(
+        "rewardstream_tasks",
+        "tasks by reward spread: scored (2+ rollouts), single, zero_variance (all equal: no "
+        "GRPO signal), mixed, all_max / all_min (all at the agent's highest / lowest reward)",
+        labels=["run_id", "agent", "kind"],
+    )
+    pass_sum = GaugeMetricFamily(
+        "rewardstream_pass_at_k_tasks_sum",
+        "sum over tasks with at least k rollouts of their pass@k (0..1; NeMo Gym's estimator)",
+        labels=["run_id", "agent", "k"],
+    )
+    pass_n = GaugeMetricFamily(
+        "rewardstream_pass_at_k_tasks",
+        "tasks with at least k rollouts (k: 1, the largest power of two below the most "
+        "rollouts of a task, and that most)",
+        labels=["run_id", "agent", "k"],
+    )
+    means = HistogramMetricFamily(
+        "rewardstream_task_mean_reward",
+        "per-task mean reward (the pass rate, for 0/1 rewards)",
+        labels=["run_id", "agent"],
+    )
+    bounds = [*map(str, EDGES), "+Inf"]
+    for run_id, agents in figures.items():
+        for agent, fig in agents.items():
+            for kind in _TASK_KINDS:
+                kinds.add_metric([run_id, agent, kind], fig.difficulty[kind])  # type: ignore[literal-required]
+            for k, (total, n) in fig.passes.items():
+                pass_sum.add_metric([run_id, agent, str(k)], total)
+                pass_n.add_metric([run_id, agent, str(k)], n)
+            buckets = list(zip(bounds, map(float, fig.mean_le), strict=True))
+            means.add_metric([run_id, agent], buckets, fig.mean_sum)
+    yield from (kinds, pass_sum, pass_n, means)
 
 
 class Metrics:

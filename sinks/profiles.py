@@ -199,9 +199,11 @@ async def fetch_profile(
     run_id: str,
     out: Path,
     timeout: float,
+    extras: bool = True,
 ) -> ProfilePaths:
     """Wait up to ``timeout`` seconds for the run's final profile and write its three files
-    into ``out`` atomically (all or none); raises :class:`InputError` when it does not come,
+    (and, with ``extras``, its aggregate and difficulty files when it has them) into ``out``
+    atomically (all or none); raises :class:`InputError` when it does not come,
     or when the run was evicted unfinished."""
     final = await _wait_final(bootstrap, security, topics, prefix, group, run_id, timeout)
     if final.state == "evicted":
@@ -210,7 +212,8 @@ async def fetch_profile(
     out.mkdir(parents=True, exist_ok=True)
     paths = ProfilePaths.next_to(out / f"{final.stem}.jsonl")
     by_name = dict(zip([f.name for f in final.files], contents, strict=True))
-    write_files([(path, [by_name[path.name]]) for path in paths])
+    wanted = [*paths, *(p for p in paths.extras() if extras and p.name in by_name)]
+    write_files([(path, [by_name[path.name]]) for path in wanted])
     return paths
 
 

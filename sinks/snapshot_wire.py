@@ -101,19 +101,21 @@ class _Frames:
 
 
 def _targets(out: Path, names: list[object], source: str) -> list[Path]:
-    """Where each file goes: ``out/<name>``, and only for the three profile files of one stem.
-    The names come from the server, so an impostor or compromised server must not choose where
-    the client writes (``../x``, ``/abs``, ``a/b``, NUL, other files)."""
+    """Where each file goes: ``out/<name>``, and only for the three profile files of one stem
+    (and its aggregate and difficulty files, when the run has them). The names come from the
+    server, so an impostor or compromised server must not choose where the client writes
+    (``../x``, ``/abs``, ``a/b``, NUL, other files)."""
     suffix = "_reward_profiling.jsonl"
     strings = [n for n in names if isinstance(n, str)]  # JSON could hold any type
     stems = [n.removesuffix(suffix) for n in strings if n.endswith(suffix)]
-    if len(strings) == len(names) == 3 and len(stems) == 1 and valid_output_stem(stems[0]):
+    if len(strings) == len(names) and len(stems) == 1 and valid_output_stem(stems[0]):
         expected = ProfilePaths.next_to(f"{stems[0]}.jsonl")
-        if sorted(strings) == sorted(p.name for p in expected):
+        three = [p.name for p in expected]
+        if strings in (three, [*three, *(p.name for p in expected.extras())]):
             return [out / n for n in strings]
     shown = ", ".join(map(repr, names))
     raise SnapshotError(
-        f"{source} sent files other than the three profile files of one run; nothing written: "
+        f"{source} sent files other than the profile files of one run; nothing written: "
         f"{shown[:300]}"
     )
 
@@ -145,5 +147,6 @@ def receive(fh: Readable, out: Path, source: str) -> SnapshotHead:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"Cannot write '{out}': {exc.strerror or exc}") from None
-    write_files([(t, frames.file(i, i == 2)) for i, t in enumerate(targets)])
+    last = len(targets) - 1
+    write_files([(t, frames.file(i, i == last)) for i, t in enumerate(targets)])
     return head

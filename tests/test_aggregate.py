@@ -3,16 +3,23 @@ per agent equal NeMo Gym's reference computed from the files directly, and task 
 
 from __future__ import annotations
 
+import asyncio
 import random
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from rewardstream.cli import ng_reward_profile
+from rewardstream.cli import main, ng_reward_profile
+from rewardstream.contract import Topics
 from tests import nemo_passk
 from tests.golden import GOLDEN
+from tests.processes import Processor, make_topics
 
 AGENTS = ("alpha", "beta")
 
@@ -160,3 +167,181 @@ def test_task_difficulty(tmp_path: Path) -> None:
     assert (got["zero_variance"], got["mixed"], got["zero_variance_share"]) == (3, 1, 0.75)
     # per-task means 1, 0, 2/3, 0, 0.5 in ten bins over [0, 1]
     assert got["mean_reward"]["counts"] == [2, 0, 0, 0, 0, 1, 1, 0, 0, 1]
+
+
+# --------------------------------------------------------------------------- through Kafka
+
+
+def batch_aggregates(inputs: Path, lines: list[bytes], out: Path) -> None:
+    """``ng_reward_profile`` with aggregates on ``lines`` (a consumed prefix) in ``out``."""
+    out.mkdir()
+    (out / "r_materialized_inputs.jsonl").write_bytes(inputs.read_bytes())
+    (out / "r.jsonl").write_bytes(b"".join(lines))
+    argv = [
+        f"+materialized_inputs_jsonl_fpath={out / 'r_materialized_inputs.jsonl'}",
+        f"+rollouts_jsonl_fpath={out / 'r.jsonl'}",
+        "++allow_partial_rollouts=True",
+        "+quiet=true",
+        "+aggregate_metrics=true",
+        "+answer_key=extracted_answer",
+    ]
+    assert ng_reward_profile(argv) == 0
+
+
+EXTRA = ("r_aggregate_metrics.json", "r_task_difficulty.json")
+
+
+@pytest.mark.kafka
+def test_streamed_snapshot_and_final_carry_the_batch_aggregates(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """Published with --aggregate-metrics --answer-key: a mid-run snapshot's aggregate and
+    difficulty files equal the batch ones on the consumed prefix; the final's equal batch;
+    /runs/<id> and /metrics show the live figures."""
+    data = tmp_path / "data"
+    data.mkdir()
+    inputs, rollouts = write_collection(data, seed=11)
+    lines = rollouts.read_bytes().splitlines(keepends=True)
+    prefix = unique_name("agg")
+    asyncio.run(make_topics(kafka_bootstrap, Topics.for_prefix(prefix), 2))
+    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / "processor.log")
+    processors.append(p)
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / inputs.name).write_bytes(inputs.read_bytes())
+    half = len(lines) // 2
+    (live / "r.jsonl").write_bytes(b"".join(lines[:half]))
+    cmd = [sys.executable, "-m", "rewardstream.cli", "publish", "--follow", "--quiet"]
+    cmd += ["--inputs", str(live / inputs.name), "--rollouts", str(live / "r.jsonl")]
+    cmd += ["--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--run-id", "agg"]
+    cmd += ["--aggregate-metrics", "--answer-key", "extracted_answer"]
+    cmd += ["--finish-when-idle", "3"]  # partial: some rows never get a result
+    publisher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        p.wait(lambda runs: runs.get("agg", {}).get("rollouts") == half)
+        snap = tmp_path / "snap"
+        argv = ["snapshot", "--url", p.url, "--run-id", "agg", "--out", str(snap)]
+        assert main(argv) == 0
+        batch_aggregates(inputs, lines[:half], tmp_path / "half")
+        for name in (*EXTRA, "r_reward_profiling.jsonl"):
+            assert (snap / name).read_bytes() == (tmp_path / "half" / name).read_bytes(), name
+        detail = orjson.loads(urllib.request.urlopen(f"{p.url}/runs/agg", timeout=10).read())
+        assert detail["rollouts"] == half
+        assert set(detail["agents"]) == set(AGENTS)
+        for agent in AGENTS:
+            tasks = detail["agents"][agent]["tasks"]
+            assert tasks["tasks"] > 0 and "zero_variance_share" in tasks
+            assert set(detail["agents"][agent]["pass_at_k"]) >= {"1"}
+        metrics = urllib.request.urlopen(f"{p.url}/metrics", timeout=10).read().decode()
+        for family in (
+            "rewardstream_pass_at_k_tasks_sum",
+            "rewardstream_tasks",
+            "rewardstream_task_mean_reward_bucket",
+        ):
+            assert f"{family}{{" in metrics, family
+        assert 'rewardstream_tasks{agent="alpha",kind="zero_variance",run_id="agg"}' in metrics
+        # curate from the live run equals curate from the batch profile of the same prefix
+        band = ["--band", "0.2", "0.8"]
+        live_argv = ["curate", "--url", p.url, "--run-id", "agg", *band]
+        assert main([*live_argv, "--out", str(tmp_path / "live.jsonl")]) == 0
+        half_batch = str(tmp_path / "half" / "r_reward_profiling.jsonl")
+        assert main(["curate", half_batch, *band, "--out", str(tmp_path / "b.jsonl")]) == 0
+        assert (tmp_path / "live.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+        with (live / "r.jsonl").open("ab") as fh:
+            fh.writelines(lines[half:])
+        publisher.communicate(timeout=120)
+        assert publisher.returncode == 0
+    finally:
+        if publisher.poll() is None:
+            publisher.kill()
+            publisher.communicate()
+    p.wait(lambda runs: runs.get("agg", {}).get("done") is True)
+    final = tmp_path / "final"
+    argv = ["profiles", "get", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix]
+    assert main([*argv, "--run-id", "agg", "--out", str(final), "--timeout", "60"]) == 0
+    batch_aggregates(inputs, lines, tmp_path / "whole")
+    for name in (*EXTRA, "r_reward_profiling.jsonl", "r_agent_metrics.json"):
+        assert (final / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    kafka_argv = ["curate", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix]
+    kafka_argv += ["--run-id", "agg", "--min-std", "0.3", "--timeout", "30"]
+    assert main([*kafka_argv, "--out", str(tmp_path / "final.jsonl")]) == 0
+    whole = str(tmp_path / "whole")
+    assert main(["curate", whole, "--min-std", "0.3", "--out", str(tmp_path / "w.jsonl")]) == 0
+    assert (tmp_path / "final.jsonl").read_bytes() == (tmp_path / "w.jsonl").read_bytes()
+    mirrored = tmp_path / "out" / "agg"
+    assert (mirrored / EXTRA[0]).read_bytes() == (tmp_path / "whole" / EXTRA[0]).read_bytes()
+
+
+# --------------------------------------------------------------------------- curate
+
+
+def curated_profile(folder: Path) -> Path:
+    """A batch profile of 0/1 rewards with known pass rates per task: 0, 1/4, 1/2, 3/4, 1."""
+    rows, results = [], []
+    for task, passed in enumerate([0, 1, 2, 3, 4]):
+        for rollout in range(4):
+            row = {"_ng_task_index": task, "_ng_rollout_index": rollout, "question": f"q{task}"}
+            rows.append(row)
+            results.append(row | {"reward": float(rollout < passed)})
+    inputs, rollouts = folder / "c_materialized_inputs.jsonl", folder / "c.jsonl"
+    inputs.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    rollouts.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in results))
+    argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
+    assert ng_reward_profile([*argv, "+quiet=true"]) == 0
+    return folder / "c_reward_profiling.jsonl"
+
+
+def test_curate_keeps_the_band_once_per_task_in_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = curated_profile(tmp_path)
+    out = tmp_path / "kept.jsonl"
+    assert main(["curate", str(profile), "--band", "0.2", "0.8", "--out", str(out)]) == 0
+    kept = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert kept == [{"question": "q1"}, {"question": "q2"}, {"question": "q3"}]  # no _ng_ keys
+    printed = capsys.readouterr().out
+    assert ": kept 3 of 5 tasks (60.0%)" in printed and "wrote 3 tasks" in printed
+    assert main(["curate", str(tmp_path), "--min-std", "0.4", "--out", str(out)]) == 0
+    kept = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert kept == [{"question": "q1"}, {"question": "q2"}, {"question": "q3"}]  # std 0.5-0.58
+    both = ["--band", "0.4", "1", "--min-std", "0.4"]
+    assert main(["curate", str(profile), *both, "--out", str(out)]) == 0
+    assert [orjson.loads(line) for line in out.read_bytes().splitlines()] == [
+        {"question": "q2"},
+        {"question": "q3"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--out", "o.jsonl"], "curate needs --band LO HI and/or --min-std S"),
+        (["--band", "0.9", "0.1", "--out", "o.jsonl"], "--band needs finite LO <= HI"),
+        (["--band", "nan", "1", "--out", "o.jsonl"], "--band needs finite LO <= HI"),
+        (["--min-std", "inf", "--out", "o.jsonl"], "--min-std needs a finite number"),
+        (["--band", "2", "3", "--out", "o.jsonl"], "no task survives of 5 in"),
+    ],
+)
+def test_curate_refuses_bad_arguments_and_empty_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    profile = curated_profile(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["curate", str(profile), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rewardstream: error: ") and message in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_curate_names_a_file_that_is_no_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bogus = tmp_path / "x_reward_profiling.jsonl"
+    bogus.write_text('{"a": 1}\n')
+    assert main(["curate", str(bogus), "--band", "0", "1", "--out", str(tmp_path / "o")]) == 2
+    assert f"{bogus} line 1: not a task row with a 'sample'" in capsys.readouterr().err
+    assert main(["curate", str(tmp_path / "nope"), "--band", "0", "1", "--out", "o"]) == 2
+    assert "Input file not found" in capsys.readouterr().err

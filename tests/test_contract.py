@@ -68,6 +68,11 @@ def test_control_events_round_trip() -> None:
     )
     assert decode_control(encode(started)) == started
     assert decode_control(encode(RunFinished(run_id="r"))) == RunFinished(run_id="r")
+    asked = RunStarted(
+        run_id="r", expected_rollouts=4, output_stem="o", aggregate_metrics=True, answer_key="a"
+    )
+    assert encode(asked).endswith(b'"output_stem":"o","aggregate_metrics":true,"answer_key":"a"}')
+    assert decode_control(encode(asked)) == asked
 
 
 @pytest.mark.parametrize(
@@ -261,15 +266,22 @@ def oracle_control(raw: bytes) -> tuple[str, Any]:
     kind = d.get("type") if type(d) is dict else None
     if kind not in ("run_started", "run_finished"):
         return ("reject", "invalid-event")
-    fields = {"expected_rollouts", "output_stem"} if kind == "run_started" else set()
-    reason = _envelope(d, kind, ("run_id",), fields)
+    started = {"expected_rollouts", "output_stem", "aggregate_metrics", "answer_key"}
+    reason = _envelope(d, kind, ("run_id",), started if kind == "run_started" else set())
     if reason:
         return ("reject", reason)
     if kind == "run_finished":
         return ("ok", (kind, d["run_id"]))
-    if not (_int(d.get("expected_rollouts"), 0) and _name(d.get("output_stem"), _STEM)):
+    aggregates, answer_key = d.get("aggregate_metrics", False), d.get("answer_key")
+    if not (
+        _int(d.get("expected_rollouts"), 0)
+        and _name(d.get("output_stem"), _STEM)
+        and type(aggregates) is bool
+        and (answer_key is None or type(answer_key) is str)
+    ):
         return ("reject", "invalid-event")
-    return ("ok", (kind, d["run_id"], d["expected_rollouts"], d["output_stem"]))
+    fields = (d["run_id"], d["expected_rollouts"], d["output_stem"], aggregates, answer_key)
+    return ("ok", (kind, *fields))
 
 
 def _verdict(decode: Any, raw: bytes) -> tuple[str, Any]:
@@ -292,7 +304,8 @@ def _verdict(decode: Any, raw: bytes) -> tuple[str, Any]:
     if isinstance(event, Input):
         return ("ok", (event.run_id, event.line, event.row))
     if isinstance(event, RunStarted):
-        return ("ok", (event.type, event.run_id, event.expected_rollouts, event.output_stem))
+        started = (event.run_id, event.expected_rollouts, event.output_stem)
+        return ("ok", (event.type, *started, event.aggregate_metrics, event.answer_key))
     return ("ok", (event.type, event.run_id))
 
 
@@ -457,6 +470,7 @@ def test_input_decoding_agrees_with_the_oracle(edits: list[tuple[tuple[str, ...]
 _STARTED = orjson.loads(encode(RunStarted(run_id="r", expected_rollouts=4, output_stem="x")))
 _FINISHED = orjson.loads(encode(RunFinished(run_id="r")))
 _CONTROL_PATHS = [("v",), ("run_id",), ("type",), ("expected_rollouts",), ("output_stem",)]
+_CONTROL_PATHS += [("aggregate_metrics",), ("answer_key",)]
 
 
 @settings(max_examples=300, deadline=None)
