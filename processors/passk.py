@@ -115,8 +115,9 @@ class _Votes:
         new = np.r_[True, (t[1:] != t[:-1]) | (a[1:] != a[:-1]) | (b[1:] != b[:-1])]
         self.group = np.empty(len(keys), dtype=np.int64)
         self.group[keys] = np.cumsum(new) - 1
-        first = np.full(int(new.sum()), len(keys), dtype=np.int64)
-        np.minimum.at(first, self.group, np.arange(len(keys)))  # rows are in (task, pos) order
+        # lexsort is stable and rows are in (task, position) order: a group's first row in
+        # the sort is its first rollout
+        first = keys[new]
         self.first = first
         self.order = np.lexsort((tasks.pos[first], tasks.of[first]))  # Counter's order
 
@@ -126,10 +127,12 @@ class _Votes:
         tasks, first = self.tasks, self.first
         live = (tasks.pos < k) & (self.answers != NO_ANSWER)
         counts = np.bincount(self.group[live], minlength=len(first))
-        active = self.order[counts[self.order] > 0]
+        active = self.order[counts[self.order] > 0]  # by task, then first position
         task_of = tasks.of[first[active]]
         top = np.zeros(tasks.count, dtype=np.int64)
-        np.maximum.at(top, task_of, counts[active])
+        if len(active):
+            starts = np.flatnonzero(np.r_[True, task_of[1:] != task_of[:-1]])
+            top[task_of[starts]] = np.maximum.reduceat(counts[active], starts)
         tied = active[counts[active] == top[task_of]]
         t_tied, s_tied = tasks.of[first[tied]], self.score[first[tied]]
         total = np.zeros(tasks.count)
@@ -160,11 +163,10 @@ def pass_majority_metrics(task: I64, reward: F64, answers: I64 | None = None) ->
         values["no_answer"] = (answers == NO_ANSWER).astype(np.float64)
     names = sorted(values)
     scores = {name: _Score(tasks, values[name]) for name in names}
-    votes = (
-        {name: _Votes(tasks, values[name], answers) for name in names}
-        if answers is not None
-        else {}
-    )
+    # majority@k/no_answer votes only among rollouts with an answer, whose no_answer is 0:
+    # it is 0 for every task, as NeMo Gym's loop finds, without counting the votes
+    votes = {"accuracy": _Votes(tasks, reward, answers)} if answers is not None else {}
+    nobody = np.zeros(tasks.count)
     comb: dict[tuple[int, int, int], float] = {}
     metrics: dict[str, Any] = {}
     for k in range(1, tasks.max_k + 1):
@@ -173,8 +175,9 @@ def pass_majority_metrics(task: I64, reward: F64, answers: I64 | None = None) ->
             if len(passed):
                 metrics[f"pass@{k}/{name}"] = _mean_pct(passed)
             metrics[f"pass@1[avg-of-{k}]/{name}"] = _mean_pct(scores[name].avg_of(tasks, k))
-            if name in votes:
-                metrics[f"majority@{k}/{name}"] = _mean_pct(votes[name].majority(k))
+            if answers is not None:
+                voted = votes[name].majority(k) if name in votes else nobody
+                metrics[f"majority@{k}/{name}"] = _mean_pct(voted)
     per_sample: dict[str, list[float]] = {name: [] for name in names}
     for i in range(tasks.max_k):
         for name in names:

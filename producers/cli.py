@@ -45,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument(
         "--topic-prefix",
+        type=kafka_options.topic_prefix_arg,
         default="rewardstream",
         help="topics <prefix>.inputs, <prefix>.rollouts, <prefix>.control (rewardstream)",
     )
@@ -155,6 +156,12 @@ async def _publish(args: argparse.Namespace) -> PublishReport:
     from rewardstream.producers.publish import publish_files
 
     security = kafka_config.from_args(args)  # a bad setting fails before anything starts
+    if args.wait_profile:  # the final goes next to the rollouts file: never over an input
+        from rewardstream.names import ProfilePaths
+        from rewardstream.sinks.files import refuse_inputs
+
+        given = {args.inputs: "--inputs", args.rollouts: "--rollouts"}
+        refuse_inputs(ProfilePaths.next_to(args.rollouts), given)
     stop = asyncio.Event()
     if args.follow:  # a stop sends what is complete, then ends; without --follow, Ctrl-C aborts
         loop = asyncio.get_running_loop()

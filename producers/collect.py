@@ -41,13 +41,13 @@ from collections import defaultdict
 from collections.abc import Coroutine, Iterator, Sequence
 from io import FileIO
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
 import orjson
 import uvloop
 from aiohttp import ClientError, ClientSession, ClientTimeout
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
 from rewardstream.command import override_command
@@ -55,6 +55,7 @@ from rewardstream.contract import BadEvent, RunFinished, RunStarted, Topics, che
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.gym_servers.client import JsonClient
 from rewardstream.jsonl import parse_line
+from rewardstream.names import check_topic_prefix
 from rewardstream.overrides import parse_overrides
 from rewardstream.processors.pipeline import EventKind
 from rewardstream.producers.events import input_event, rollout_event
@@ -93,7 +94,7 @@ class CollectConfig(MaterializeOptions):
     request_timeout_s: float = Field(default=3600.0, gt=0)
     retry_backoff_s: float = Field(default=0.5, ge=0)
     kafka_bootstrap_servers: str | None = None
-    kafka_topic_prefix: str = "rewardstream"
+    kafka_topic_prefix: Annotated[str, AfterValidator(check_topic_prefix)] = "rewardstream"
     kafka_run_id: str | None = None
     kafka_group_id: str | None = None
     kafka_wait_profile: bool = False

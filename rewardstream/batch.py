@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -112,7 +113,12 @@ def load_state(
     with bar, contextlib.ExitStack() as stack:
         if len(parts) > 2:
             pool = stack.enter_context(
-                ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+                ProcessPoolExecutor(
+                    workers,
+                    mp_context=multiprocessing.get_context("fork"),
+                    initializer=signal.signal,  # the parent's SIGTERM handler is the parent's
+                    initargs=(signal.SIGTERM, signal.SIG_DFL),
+                )
             )
             results: Iterator[ProfileState] = pool.map(_load_part, *zip(*parts, strict=True))
         else:

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import http.client
 import logging
+import math
 import signal
 import sys
 import tempfile
@@ -73,6 +74,7 @@ def _profile(
     from pydantic import ValidationError
 
     from rewardstream.batch import ProfileConfig, print_summary, run_profile
+    from rewardstream.sinks.files import refuse_inputs
 
     missing = [k for k in _PROFILE_REQUIRED if k not in config]
     if missing:
@@ -91,6 +93,9 @@ def _profile(
         return fail(prog, f"invalid configuration {field!r}: {err['msg']}")
     check_input_file(cfg.materialized_inputs_jsonl_fpath, names[0])
     check_input_file(cfg.rollouts_jsonl_fpath, names[1])
+    paths = ProfilePaths.next_to(cfg.rollouts_jsonl_fpath)
+    inputs = {cfg.materialized_inputs_jsonl_fpath: names[0], cfg.rollouts_jsonl_fpath: names[1]}
+    refuse_inputs([*paths, *paths.extras()], inputs)
     try:
         profile, paths = run_profile(cfg)
     except ProfileError as exc:
@@ -161,6 +166,33 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds > 0 (0, a negative number, nan or inf would make a timer
+    fire at once or never)."""
+    value = _finite(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _wait_seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (0: do not wait)."""
+    value = _finite(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
+    return value
+
+
 def _cmd_stream(args: argparse.Namespace) -> int:
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
@@ -211,13 +243,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     again, and a second run says it found one there, unchanged or replaced."""
     from rewardstream.contract import BadEvent
     from rewardstream.processors.inprocess import stream_files
-    from rewardstream.sinks.files import profile_lines
+    from rewardstream.sinks.files import check_replaceable, profile_lines, refuse_inputs
 
     inputs, rollouts = Path(args.inputs), Path(args.rollouts)
     check_input_file(inputs, "--inputs")
     check_input_file(rollouts, "--rollouts")
     run_id = args.run_id or run_id_from(rollouts.stem)
     expected = ProfilePaths.next_to(Path(args.output_dir) / run_id / f"{rollouts.stem}.jsonl")
+    for path in [*expected, *expected.extras()]:
+        check_replaceable(path)  # a device or FIFO there: refused, never read
+    refuse_inputs([*expected, *expected.extras()], {inputs: "--inputs", rollouts: "--rollouts"})
     before = _digests(expected)
     try:
         if args.answer_key is not None and not args.aggregate_metrics:
@@ -426,18 +461,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--http address)",
     )
     st.add_argument(
-        "--topic-prefix", default="rewardstream", help="topics <prefix>.inputs, ... (rewardstream)"
+        "--topic-prefix",
+        type=kafka_options.topic_prefix_arg,
+        default="rewardstream",
+        help="topics <prefix>.inputs, ... (rewardstream)",
     )
     st.add_argument("--group-id", default=None, help="consumer group (default <prefix>-profiler)")
     st.add_argument(
         "--checkpoint-every",
-        type=float,
+        type=_seconds,
         default=5.0,
         help="seconds between offset commits (5); state is rebuilt from the committed offsets",
     )
     st.add_argument(
         "--evict-after",
-        type=float,
+        type=_seconds,
         default=24 * 3600.0,
         metavar="S",
         help="evict a run with no event for S seconds, unfinished (default 86400)",
@@ -490,11 +528,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"go through Kafka: {BOOTSTRAP_HELP}",
     )
     dm.add_argument(
-        "--topic-prefix", default="rewardstream", help="with --bootstrap: topics <prefix>.*"
+        "--topic-prefix",
+        type=kafka_options.topic_prefix_arg,
+        default="rewardstream",
+        help="with --bootstrap: topics <prefix>.*",
     )
-    dm.add_argument("--repeats", type=int, default=4, help="rollouts per task (4)")
-    dm.add_argument("--parallel", type=int, default=32, help="rollouts in flight (32)")
-    dm.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    dm.add_argument("--repeats", type=_positive_int, default=4, help="rollouts per task (4)")
+    dm.add_argument("--parallel", type=_positive_int, default=32, help="rollouts in flight (32)")
+    dm.add_argument("--limit", type=_positive_int, default=None, help="only the first N tasks")
     kafka_options.add_arguments(dm)
     dm.set_defaults(func=_cmd_demo)
     pr = sub.add_parser("profiles", help="final profiles kept in Kafka: list them, get one")
@@ -505,13 +546,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     get.add_argument("--run-id", required=True, help="the run (see 'profiles list')")
     get.add_argument("--out", required=True, help="folder for the three profile files")
-    get.add_argument("--timeout", type=float, default=0.0, metavar="S", help="wait up to S s (0)")
+    get.add_argument(
+        "--timeout", type=_wait_seconds, default=0.0, metavar="S", help="wait up to S s (0)"
+    )
     lst = psub.add_parser("list", help="the runs with a final (or evicted) record")
     lst.add_argument(
         "--bootstrap", required=True, type=kafka_options.bootstrap_arg, help=BOOTSTRAP_HELP
     )
     for p in (get, lst):
-        p.add_argument("--topic-prefix", default="rewardstream", help="topics <prefix>.*")
+        p.add_argument(
+            "--topic-prefix",
+            type=kafka_options.topic_prefix_arg,
+            default="rewardstream",
+            help="topics <prefix>.*",
+        )
         p.add_argument(
             "--group-id", default=None, help="the processors' group (default <prefix>-profiler)"
         )
@@ -546,10 +594,19 @@ def build_parser() -> argparse.ArgumentParser:
     cu.add_argument(
         "--min-std", type=float, metavar="S", help="keep tasks whose reward std is above S"
     )
-    cu.add_argument("--topic-prefix", default="rewardstream", help="with --bootstrap: topics")
+    cu.add_argument(
+        "--topic-prefix",
+        type=kafka_options.topic_prefix_arg,
+        default="rewardstream",
+        help="with --bootstrap: topics",
+    )
     cu.add_argument("--group-id", default=None, help="with --bootstrap: the processors' group")
     cu.add_argument(
-        "--timeout", type=float, default=0.0, metavar="S", help="with --bootstrap: wait S s (0)"
+        "--timeout",
+        type=_wait_seconds,
+        default=0.0,
+        metavar="S",
+        help="with --bootstrap: wait S s (0)",
     )
     kafka_options.add_arguments(cu)
     cu.set_defaults(func=_cmd_curate)

@@ -1,13 +1,17 @@
-"""How every command ends: one line on stderr and exit code 2 for a user error, never a
-traceback; 130 on Ctrl-C; 141 when stdout's reader went away (``... | head -2``). Shared by
-``rewardstream``, ``ng_reward_profile``, ``ng_run`` and ``ng_collect_rollouts``, so the rule
-lives in one place."""
+"""How every command ends: one line on stderr and exit code 2 for a user error (a file or
+folder it cannot use included, named), never a traceback; 130 on Ctrl-C and 143 on SIGTERM
+(both after the command's own cleanup: temporary files removed, worker processes ended); 141
+when stdout's reader went away (``... | head -2``). Shared by ``rewardstream``,
+``ng_reward_profile``, ``ng_run`` and ``ng_collect_rollouts``, so the rule lives in one
+place."""
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from rewardstream.errors import RewardstreamError
@@ -45,24 +49,48 @@ def _stdout_closed() -> bool:
     return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command is, so it unwinds as for Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def run_guarded(prog: str, func: Callable[[], int]) -> int:
     """``func()``'s exit code, with the rules above. Stdout is flushed here, not at exit,
     where a closed pipe could no longer be caught; after one, the rest of stdout goes to
-    /dev/null (Python's recipe), or flushing it at exit would fail again."""
+    /dev/null (Python's recipe), or flushing it at exit would fail again. SIGTERM, left to
+    its default, would end the process where it stands (a half-written temporary file, a
+    pool's workers orphaned): here it unwinds like Ctrl-C (a command that handles SIGTERM
+    itself, such as ``stream``, installs its own handler over this one)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         try:
             return func()
         finally:
             sys.stdout.flush()
+            if previous == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
     except RewardstreamError as exc:
         return fail(prog, str(exc))
     except KeyboardInterrupt:
         return 130
+    except _Terminated:
+        return 143
     except BrokenPipeError:
         if not _stdout_closed():
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return SIGPIPE_EXIT
+    except OSError as exc:  # a folder or file the user named that cannot be used
+        if exc.filename is None:
+            raise
+        where = f"'{exc.filename}'" + (f" -> '{exc.filename2}'" if exc.filename2 else "")
+        return fail(prog, f"Cannot use {where}: {exc.strerror or exc}")
 
 
 def override_command(

@@ -34,11 +34,12 @@ import msgspec
 import orjson
 from msgspec import Meta, Raw, Struct
 
-from rewardstream.errors import MissingKey
+from rewardstream.errors import InputError, MissingKey
 from rewardstream.names import (
     MAX_NAME_BYTES,
     RUN_ID,
     STEM,
+    check_topic_prefix,
     fits_a_name,
     run_id_from,
     valid_output_stem,
@@ -87,6 +88,11 @@ class Topics(NamedTuple):
 
     @classmethod
     def for_prefix(cls, prefix: str = "rewardstream") -> Topics:
+        """The topics of ``prefix``; an invalid prefix is an :class:`InputError`."""
+        try:
+            check_topic_prefix(prefix)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
         return cls(
             f"{prefix}.inputs", f"{prefix}.rollouts", f"{prefix}.control", f"{prefix}.dead-letters"
         )
@@ -460,9 +466,13 @@ def _bad(event: object, cls: type[_Event], exc: Exception) -> BadEvent:
                 return BadEvent("missing-id", f"Object missing required field `{field}`")
     if isinstance(exc, BadEvent):
         return exc
-    text = str(exc)
+    # one line: a key named "\n" is written as \n
+    text = _CONTROL_CHARS.sub(lambda m: repr(m.group())[1:-1], str(exc))
     at = _AT.fullmatch(text)
     return BadEvent("invalid-event", *at.groups()) if at else BadEvent("invalid-event", text)
+
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def decode_rollouts(raws: Sequence[bytes]) -> list[Rollout] | None:

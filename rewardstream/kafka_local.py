@@ -33,6 +33,7 @@ import atexit
 import base64
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -999,20 +1000,28 @@ def _is_our_broker(state: BrokerState, *, exiting: bool = False) -> bool:
 
 
 def read_state(folder: Path) -> ClusterState | None:
-    """The recorded detached broker(s), alive or not; None if there is no readable state file.
+    """The recorded detached broker(s), alive or not; None if there is no state file.
 
-    A file without ``brokers`` (written before clusters existed) is one broker.
+    A file without ``brokers`` (written before clusters existed) is one broker. A file that is
+    there but is no such record raises :class:`KafkaLocalError` and is left as it is: the
+    broker it named may still run, and removing the record would orphan it.
     """
+    path = state_path(folder)
     try:
-        data = json.loads(state_path(folder).read_text())
+        data = json.loads(path.read_text())
         items = data.get("brokers", [data])
         keys = BrokerState.__dataclass_fields__
         brokers = tuple(BrokerState(**{k: item[k] for k in keys}) for item in items)
         if not brokers:
-            return None
+            raise ValueError("no brokers")
         return ClusterState(str(data["bootstrap"]), str(data["started_at"]), brokers)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise KafkaLocalError(
+            f"{path} is not a broker record ({type(exc).__name__}: {exc}); it is left as it "
+            "is: stop the broker it named by hand (ps -ef | grep kafka.Kafka), then remove it"
+        ) from None
 
 
 def _write_state(state: ClusterState, folder: Path) -> None:
@@ -1062,8 +1071,12 @@ def stop_detached(folder: Path, timeout: float = STOP_TIMEOUT_S) -> ClusterState
 @contextlib.contextmanager
 def _state_lock(folder: Path) -> Iterator[None]:
     """Serialise start/stop/status so two concurrent starts cannot both launch a broker."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "broker.lock", "w") as lock:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / "broker.lock", "w")  # noqa: SIM115 - held for the block
+    except OSError as exc:
+        raise KafkaLocalError(f"state folder {folder}: {exc.strerror or exc}") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -1180,6 +1193,9 @@ def _cmd_start(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     folder = args.state_dir or state_dir()
+    if not folder.exists():  # nothing recorded: nothing to create
+        print("not running")
+        return 1
     with _state_lock(folder):
         state = running_state(folder)
     if state is None:
@@ -1199,13 +1215,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_stop(args: argparse.Namespace) -> int:
     _cli_logging()
-    try:
-        folder = args.state_dir or state_dir()
-        with _state_lock(folder):
-            state = stop_detached(folder)
-    except KafkaLocalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    folder = args.state_dir or state_dir()
+    with _state_lock(folder):
+        state = stop_detached(folder)
     if state is None:
         print("not running")
     elif len(state.brokers) == 1:
@@ -1217,12 +1229,26 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
     _cli_logging()
-    try:
-        print(fetch_jars())
-    except KafkaLocalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    print(fetch_jars())
     return 0
+
+
+def _one_line(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A ``kafka`` subcommand whose failure (a :class:`KafkaLocalError`, or a folder or file
+    it cannot use) is one line on stderr and exit code 1."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except KafkaLocalError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+    return run
 
 
 def _port(text: str) -> int:
@@ -1265,11 +1291,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="1 (default): one broker, replication 1; 3: a KRaft cluster of three broker+"
         "controller nodes, replication 3, min ISR 2, so one broker may die without loss",
     )
-    start.set_defaults(func=_cmd_start)
+    start.set_defaults(func=_one_line(_cmd_start))
     stop = sub.add_parser("stop", help="stop the broker(s) this state folder records")
-    stop.set_defaults(func=_cmd_stop)
+    stop.set_defaults(func=_one_line(_cmd_stop))
     status = sub.add_parser("status", help="are the broker(s) this state folder records running?")
-    status.set_defaults(func=_cmd_status)
+    status.set_defaults(func=_one_line(_cmd_status))
     for command in (start, stop, status):
         command.add_argument(
             "--state-dir",
@@ -1280,7 +1306,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "same broker (default: $REWARDSTREAM_KAFKA_STATE_DIR, else .rewardstream/kafka in "
             "the current folder)",
         )
-    sub.add_parser("fetch", help="download the broker jars only").set_defaults(func=_cmd_fetch)
+    sub.add_parser("fetch", help="download the broker jars only").set_defaults(
+        func=_one_line(_cmd_fetch)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

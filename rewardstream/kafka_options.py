@@ -11,6 +11,8 @@ import argparse
 import ipaddress
 import re
 
+from rewardstream.names import check_topic_prefix
+
 __all__ = [
     "BOOTSTRAP_HELP",
     "DEFAULT_PORT",
@@ -19,6 +21,7 @@ __all__ = [
     "add_arguments",
     "bootstrap_arg",
     "normalize_bootstrap",
+    "topic_prefix_arg",
 ]
 
 DEFAULT_PORT = 9092  # Kafka's, which its own tools and aiokafka assume for a host alone
@@ -78,6 +81,14 @@ def bootstrap_arg(text: str) -> str:
     line naming the option."""
     try:
         return normalize_bootstrap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def topic_prefix_arg(text: str) -> str:
+    """:func:`~rewardstream.names.check_topic_prefix` as an argparse ``type``."""
+    try:
+        return check_topic_prefix(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -1,4 +1,4 @@
-"""What a run id and an output stem may be: they name folders and files.
+"""What a run id, an output stem and a topic prefix may be: they name folders, files, topics.
 
 Part of the wire contract (:mod:`rewardstream.contract` re-exports it), kept apart so the
 snapshot client checks the names it writes without importing the event models.
@@ -17,6 +17,7 @@ __all__ = [
     "STEM",
     "Aggregates",
     "ProfilePaths",
+    "check_topic_prefix",
     "fits_a_name",
     "run_id_from",
     "valid_output_stem",
@@ -25,6 +26,21 @@ __all__ = [
 RUN_ID = r"^\w[\w.-]*$"  # a path component of the output folder: no separators, no leading dot
 STEM = r"^[\w.-]+$"  # the rollouts file's stem: a file name once a suffix is appended
 MAX_NAME_BYTES = 200  # run ids and stems name folders and files: far below NAME_MAX (255 bytes)
+
+
+_TOPIC_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+def check_topic_prefix(prefix: str) -> str:
+    """Kafka topic names are ASCII letters, digits, ``.``, ``_`` and ``-``, at most 249: a
+    prefix outside that makes every client retry an invalid topic name forever (thousands of
+    log lines a second), so it is refused first. ValueError says why."""
+    if not _TOPIC_PREFIX.fullmatch(prefix):
+        raise ValueError(
+            f"invalid topic prefix {prefix!r}: Kafka topic names take letters, digits, '.', "
+            "'_' and '-' (at most 200 here, to leave room for the suffixes)"
+        )
+    return prefix
 
 
 def fits_a_name(value: str) -> str:

@@ -19,7 +19,7 @@ import os
 import secrets
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -38,6 +38,7 @@ __all__ = [
     "ProfilePaths",
     "aggregate_files",
     "check_replaceable",
+    "refuse_inputs",
     "summary_lines",
     "task_lines",
     "write_files",
@@ -149,6 +150,25 @@ def write_final(
         log.error("run %s: no final profile: %s", run_id, exc)
         return str(exc)
     return None
+
+
+def refuse_inputs(outputs: Iterable[Path], inputs: Mapping[Path, str]) -> None:
+    """Refuse, before anything is read or written, an output that is one of the command's
+    input files (the same file, by any name): writing it would destroy what it reads.
+    ``inputs`` maps each input to how the user gave it (``--inputs``), for the message."""
+    given: dict[tuple[int, int], str] = {}
+    for path, name in inputs.items():
+        with contextlib.suppress(OSError):  # a missing input is reported by its reader
+            st = os.stat(path)
+            given[st.st_dev, st.st_ino] = name
+    for out in outputs:
+        try:
+            st = os.stat(out)
+        except OSError:
+            continue
+        source = given.get((st.st_dev, st.st_ino))
+        if source is not None:
+            raise InputError(f"Cannot write '{out}': it is the input file given as {source}")
 
 
 def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:

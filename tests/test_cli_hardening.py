@@ -323,3 +323,151 @@ def test_help_is_quiet_on_a_closed_stdout() -> None:
     for name in ("rewardstream", "ng_reward_profile", "ng_run"):
         proc = run(["bash", "-c", f"{shlex.quote(script(name))} --help | true"])
         assert proc.stderr == "", (name, proc.stderr)
+
+
+# --------------------------------------------------------------------------- the second sweep
+# What a sweep of every command found after the first round of fixes: the same classes of
+# fault in other places.
+
+
+def _pair(folder: Path) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    inputs, rollouts = folder / "r_materialized_inputs.jsonl", folder / "r.jsonl"
+    inputs.write_bytes(ROW)
+    rollouts.write_bytes(RESULT)
+    return inputs, rollouts
+
+
+def test_no_command_writes_over_its_own_input(tmp_path: Path) -> None:
+    """An inputs file named like an output (r_reward_profiling.jsonl next to r.jsonl) used to
+    be replaced by the profile, with exit 0."""
+    inputs, rollouts = _pair(tmp_path / "a")
+    victim = inputs.rename(tmp_path / "a" / "r_reward_profiling.jsonl")
+    for argv in (
+        [*CLI, "profile", "--inputs", str(victim), "--rollouts", str(rollouts)],
+        [
+            script("ng_reward_profile"),
+            f"+materialized_inputs_jsonl_fpath={victim}",
+            f"+rollouts_jsonl_fpath={rollouts}",
+        ],
+        [
+            *CLI,
+            "publish",
+            "--inputs",
+            str(victim),
+            "--rollouts",
+            str(rollouts),
+            "--bootstrap",
+            "127.0.0.1:1",
+            "--wait-profile",
+        ],
+    ):
+        line = assert_one_line_error(run(argv))
+        assert f"Cannot write '{victim}': it is the input file given as" in line, line
+        assert victim.read_bytes() == ROW
+    out = tmp_path / "out"
+    (out / "r").mkdir(parents=True)
+    inside = out / "r" / "r_agent_metrics.json"
+    inside.write_bytes(ROW)
+    line = assert_one_line_error(
+        run(
+            [
+                *CLI,
+                "replay",
+                "--inputs",
+                str(inside),
+                "--rollouts",
+                str(rollouts),
+                "--output-dir",
+                str(out),
+            ]
+        )
+    )
+    assert "it is the input file given as --inputs" in line and inside.read_bytes() == ROW
+
+
+def test_replay_refuses_a_device_at_an_output_without_reading_it(tmp_path: Path) -> None:
+    """It used to hash the existing output first: /dev/full (or a FIFO) there hung it."""
+    inputs, rollouts = _pair(tmp_path / "a")
+    (tmp_path / "o" / "r").mkdir(parents=True)
+    (tmp_path / "o" / "r" / "r_reward_profiling.jsonl").symlink_to("/dev/full")
+    argv = [*CLI, "replay", "--inputs", str(inputs), "--rollouts", str(rollouts)]
+    line = assert_one_line_error(run([*argv, "--output-dir", str(tmp_path / "o")], timeout=30))
+    assert "is a character device, not a regular file" in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "--inputs", "{i}", "--rollouts", "{r}", "--output-dir", "{file}"],
+        ["replay", "--inputs", "{i}", "--rollouts", "{r}", "--output-dir", "/dev/null"],
+        ["kafka", "status", "--state-dir", "{file}"],
+        ["kafka", "stop", "--state-dir", "{file}"],
+        ["demo", "--repeats", "0"],
+        ["demo", "--parallel", "-3"],
+        ["stream", "--bootstrap", "x", "--evict-after", "0"],
+        ["stream", "--bootstrap", "x", "--checkpoint-every", "nan"],
+        ["stream", "--bootstrap", "x", "--topic-prefix", "a/b"],
+        ["profiles", "get", "--bootstrap", "x", "--run-id", "r", "--out", "o", "--timeout", "-1"],
+    ],
+    ids=lambda a: " ".join(a[:3]),
+)
+def test_bad_folders_and_numbers_are_one_line(tmp_path: Path, argv: list[str]) -> None:
+    inputs, rollouts = _pair(tmp_path / "a")
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    values = {"{i}": str(inputs), "{r}": str(rollouts), "{file}": str(file)}
+    proc = run([*CLI, *(values.get(a, a) for a in argv)], timeout=60)
+    assert proc.returncode in (1, 2), (proc.returncode, proc.stderr)  # kafka commands: 1
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith(("usage:", " "))]
+    assert len(lines) == 1 and "error: " in lines[0], proc.stderr  # argparse: usage, then it
+    assert file.read_text() == "x"
+
+
+def test_a_broker_record_that_cannot_be_read_is_kept(tmp_path: Path) -> None:
+    """``kafka stop`` used to say "not running", exit 0 and delete a record it could not read,
+    orphaning the broker it named."""
+    for content in ("", "not json", "[]", '{"pid": "x"}'):
+        (tmp_path / "broker.json").write_text(content)
+        for command in ("status", "stop"):
+            proc = run([*CLI, "kafka", command, "--state-dir", str(tmp_path)], timeout=30)
+            assert proc.returncode == 1, proc.stdout
+            assert proc.stderr.startswith("error: ") and "is not a broker record" in proc.stderr
+            assert (tmp_path / "broker.json").read_text() == content
+
+
+def test_collector_refuses_a_topic_prefix_kafka_cannot_name(tmp_path: Path) -> None:
+    inputs, _ = _pair(tmp_path / "a")
+    out = tmp_path / "o" / "r.jsonl"
+    proc = run(
+        [
+            script("ng_collect_rollouts"),
+            f"+input_jsonl_fpath={inputs}",
+            f"+output_jsonl_fpath={out}",
+            "+kafka_topic_prefix=a b",
+        ]
+    )
+    assert "invalid topic prefix 'a b'" in assert_one_line_error(proc)
+    assert not out.parent.exists()
+
+
+def test_sigterm_unwinds_like_ctrl_c(tmp_path: Path) -> None:
+    """143 after the command's own cleanup (a ``finally``, a temporary file removed), where
+    the default action killed it where it stood."""
+    marker = tmp_path / "cleaned"
+    code = (
+        "import os, signal, sys\n"
+        "from rewardstream.command import run_guarded\n"
+        "def work():\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        signal.pause()\n"
+        "    finally:\n"
+        f"        open({str(marker)!r}, 'w').close()\n"
+        "    return 0\n"
+        "sys.exit(run_guarded('x', work))\n"
+    )
+    proc = run([sys.executable, "-c", code], timeout=30)
+    assert (proc.returncode, proc.stderr) == (143, "")
+    assert marker.exists()

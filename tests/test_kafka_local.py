@@ -212,7 +212,7 @@ def test_each_state_folder_sees_and_stops_only_its_own_broker(
         check=False,
     )
     assert (status.returncode, status.stdout.strip()) == (1, "not running")
-    assert (project / ".rewardstream" / "kafka").is_dir()
+    assert not (project / ".rewardstream").exists()  # status looks, creates nothing
     elsewhere = ["--state-dir", str(tmp_path / "elsewhere")]
     stopped = cli(cli_env, "stop", *elsewhere)
     assert (stopped.returncode, stopped.stdout.strip()) == (0, "not running")
