@@ -252,6 +252,8 @@ class ServerGroup:
 
     async def start(self, timeout: float = 60.0) -> None:
         dump = yaml.safe_dump(self.config, sort_keys=False)
+        for spec in self.specs:  # another server on a port would answer its health check
+            _check_free(spec.name, str(spec.config["host"]), int(spec.config["port"]))
         for spec in self.specs:
             env = {**os.environ, "NEMO_GYM_CONFIG_DICT": dump, "NEMO_GYM_CONFIG_PATH": spec.name}
             self.procs[spec.name] = subprocess.Popen(
@@ -333,6 +335,20 @@ class ServerGroup:
         app.router.add_get("/server_instances", instances)
         app.router.add_get("/global_config_dict_yaml", config_yaml)
         return app
+
+
+def _check_free(name: str, host: str, port: int) -> None:
+    """Refuse a server's port that something already listens on: that something would answer
+    the server's health check, and the group would be "ready" with the server dead."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            raise InputError(
+                f"server {name!r} cannot listen on {host}:{port}: {exc.strerror}"
+            ) from None
 
 
 async def _serve(config: dict[str, Any]) -> None:

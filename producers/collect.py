@@ -808,7 +808,7 @@ _OVERRIDE_HELP = {
     "output_jsonl_fpath": ("D/S.jsonl", "the rollouts; the other files go next to it"),
     "agent_name": ("NAME", "agent for rows without agent_ref (needed unless all have one)"),
     "agent_map": (".FROM=TO", "rows of agent FROM go to TO (._default: all the others)"),
-    "limit": ("N", "only the first N lines of the dataset"),
+    "limit": ("N", "only the first N lines of the dataset (0: all)"),
     "num_repeats": ("N", "rollouts per task; +num_repeats.AGENT=N per agent"),
     "num_repeats_add_seed": ("BOOL", "give each repeat its own seed"),
     "interleave_repeats": ("BOOL", "order rows by repeat: every task's first, then second..."),

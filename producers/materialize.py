@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rewardstream.errors import InputError, LineError
 from rewardstream.jsonl import check_input_file, parse_line
@@ -36,7 +36,7 @@ class MaterializeOptions(BaseModel):
 
     agent_name: str | None = None
     agent_map: dict[str, str] | None = None
-    limit: int | None = None
+    limit: int | None = Field(default=None, ge=0)  # NeMo Gym reads nothing for a negative one
     num_repeats: int | dict[str, int] | None = 1
     num_repeats_add_seed: bool = False
     interleave_repeats: bool = False

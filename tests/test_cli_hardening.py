@@ -10,6 +10,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from rewardstream.batch import ProfileConfig
 from rewardstream.cli import build_parser
 from rewardstream.command import SIGPIPE_EXIT
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
+from rewardstream.kafka_local import free_port
 from rewardstream.kafka_options import normalize_bootstrap
 from rewardstream.producers.collect import CollectConfig
 from tests.golden import golden_cases
@@ -471,3 +473,47 @@ def test_sigterm_unwinds_like_ctrl_c(tmp_path: Path) -> None:
     proc = run([sys.executable, "-c", code], timeout=30)
     assert (proc.returncode, proc.stderr) == (143, "")
     assert marker.exists()
+
+
+def test_ng_run_refuses_a_port_another_server_answers_on(tmp_path: Path) -> None:
+    """Another HTTP server on a server's port answered its health check: ng_run said "All 3
+    servers ready!" with that server dead."""
+    port = free_port()
+    other = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        override = f"+policy_model.responses_api_models.simulated_model.port={port}"
+        proc = run([script("ng_run"), f"+config_paths=[{BUNDLED_CONFIG}]", override], timeout=90)
+        line = assert_one_line_error(proc)
+        assert line == (
+            f"ng_run: error: server 'policy_model' cannot listen on 127.0.0.1:{port}: "
+            "Address already in use"
+        )
+    finally:
+        other.terminate()
+        other.wait()
+
+
+def test_a_negative_limit_is_refused_before_any_output(tmp_path: Path) -> None:
+    inputs, _ = _pair(tmp_path / "a")
+    out = tmp_path / "o" / "r.jsonl"
+    proc = run(
+        [
+            script("ng_collect_rollouts"),
+            f"+input_jsonl_fpath={inputs}",
+            f"+output_jsonl_fpath={out}",
+            "+limit=-1",
+        ]
+    )
+    assert "'limit'" in assert_one_line_error(proc)
+    assert not out.parent.exists()
