@@ -1,6 +1,7 @@
 """Stream processor throughput from pre-filled topics, in two numbers.
 
     python -m bench.stream_bench [--tasks 20000] [--repeats 8] [--bootstrap HOST:PORT]
+                                 [--aggregates]
 
 Generates a collection (bench/generate.py) and writes its events to fresh topics. Then:
 
@@ -13,7 +14,9 @@ Generates a collection (bench/generate.py) and writes its events to fresh topics
    latency left out) until it has folded the last rollout (before the final profile; its
    write is reported on its own).
 
-Without ``--bootstrap`` it starts its own broker from the Maven jars.
+Without ``--bootstrap`` it starts its own broker from the Maven jars. With ``--aggregates`` the
+run asks for pass@k and task difficulty and its rollout events carry answers (the per-rollout
+cost of the live statistics, and of their files in the final).
 """
 
 from __future__ import annotations
@@ -67,12 +70,21 @@ async def run_until(processor: StreamProcessor, done: Callable[[Run], bool]) -> 
     return seconds, cpu
 
 
-async def measure(bootstrap: str, tasks: int, repeats: int, work: Path) -> None:
+async def measure(
+    bootstrap: str, tasks: int, repeats: int, work: Path, aggregates: bool = False
+) -> None:
     stem = work / "r"
     generate(tasks, repeats, stem, text_bytes=2000, seed=0)
+    answer_key = "extracted_answer" if aggregates else None
     inputs = list(input_events(stem.with_name("r_materialized_inputs.jsonl"), "run"))
-    rollouts = list(rollout_events(stem.with_name("r.jsonl"), "run"))
-    started = RunStarted(run_id="run", expected_rollouts=len(inputs), output_stem="r")
+    rollouts = list(rollout_events(stem.with_name("r.jsonl"), "run", answer_key))
+    started = RunStarted(
+        run_id="run",
+        expected_rollouts=len(inputs),
+        output_stem="r",
+        aggregate_metrics=aggregates,
+        answer_key=answer_key,
+    )
     control = WireEvent("control", b"run", encode(started))
     n = len(rollouts)
 
@@ -130,9 +142,10 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=20_000)
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--bootstrap", default=None)
+    ap.add_argument("--aggregates", action="store_true", help="pass@k, difficulty, answers")
     a = ap.parse_args()
     with kafka_workspace(a.bootstrap) as (bootstrap, work):
-        asyncio.run(measure(bootstrap, a.tasks, a.repeats, work))
+        asyncio.run(measure(bootstrap, a.tasks, a.repeats, work, a.aggregates))
 
 
 if __name__ == "__main__":

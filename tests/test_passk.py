@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewardstream.processors.passk import key_metrics, pass_majority_metrics
+from rewardstream.processors.profile import build_profile
 from rewardstream.processors.records import NO_ANSWER, answer_id
+from rewardstream.processors.state import ProfileState
 from tests import nemo_passk
 
 ANSWERS = st.one_of(st.none(), st.sampled_from(["1", "2", "x"]), st.integers(0, 2), st.booleans())
@@ -61,3 +63,59 @@ def test_answer_identity_follows_python_equality() -> None:
 def test_no_rollouts_no_metrics() -> None:
     empty = np.zeros(0, dtype=np.int64)
     assert pass_majority_metrics(empty, np.zeros(0)) == {}
+
+
+@st.composite
+def shards(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """Rows and results of two agents (gaps, masked results), the results dealt into shards in
+    any order: what partitions and processors hold."""
+    reward = draw(st.sampled_from([BINARY, CONTINUOUS]))
+    rows, results = [], []
+    for task in range(draw(st.integers(1, 8))):
+        agent = draw(st.sampled_from(["a", "b"]))
+        for rollout in range(draw(st.integers(1, 6))):
+            row = {
+                "_ng_task_index": task,
+                "_ng_rollout_index": rollout,
+                "agent_ref": {"name": agent},
+            }
+            rows.append(row)
+            if draw(st.integers(0, 9)) == 0:
+                continue  # not collected (yet)
+            result = row | {"reward": draw(reward), "a": draw(ANSWERS)}
+            if draw(st.integers(0, 9)) == 0:
+                result["mask_sample"] = True
+            results.append(result)
+    order = draw(st.permutations(results))
+    cuts = sorted(draw(st.lists(st.integers(0, len(order)), max_size=3)))
+    parts = [list(order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True)]
+    return rows, parts
+
+
+@settings(max_examples=150, deadline=None)
+@given(shards())
+def test_merged_shards_in_any_order_equal_the_reference(
+    data: tuple[list[dict[str, Any]], list[list[dict[str, Any]]]],
+) -> None:
+    rows, parts = data
+    state = ProfileState()
+    for i, row in enumerate(rows):
+        state.add_input(row, 0, i)
+    for part in parts:
+        shard = ProfileState()
+        for result in part:
+            shard.add_result(result, answer_key="a")
+        state.merge(shard)
+    profile = build_profile(state, allow_partial=True)
+    measured = [r for part in parts for r in part if not r.get("mask_sample")]
+    for entry in profile.aggregate_metrics(answers=True):
+        agent = entry["agent_ref"]["name"]
+        mine = sorted(
+            (r for r in measured if r["agent_ref"]["name"] == agent),
+            key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]),
+        )
+        tasks: dict[int, list[dict[str, Any]]] = {}
+        for r in mine:
+            tasks.setdefault(r["_ng_task_index"], []).append(r)
+        want = nemo_passk.compute_pass_majority_metrics(list(tasks.values()), "a")
+        assert {k: entry["agent_metrics"][k] for k in want} == want
