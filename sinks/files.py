@@ -185,7 +185,10 @@ def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:
     backups: dict[Path, str] = {}  # folder -> a private folder of ours, for the backups
     try:
         for target, chunks in files:
-            fd, tmp = _create_temp(target)
+            try:
+                fd, tmp = _create_temp(target)
+            except OSError as exc:  # the temporary name means nothing to the user
+                raise OSError(exc.errno, exc.strerror, str(target)) from None
             temps.append((tmp, target))
             try:
                 with os.fdopen(fd, "wb") as fh:
