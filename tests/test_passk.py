@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,3 +125,56 @@ def test_merged_shards_in_any_order_equal_the_reference(
             tasks.setdefault(r["_ng_task_index"], []).append(r)
         want = nemo_passk.compute_pass_majority_metrics(list(tasks.values()), "a")
         assert {k: entry["agent_metrics"][k] for k in want} == want
+
+
+NEMO_GYM_PYTHON = os.environ.get("NEMO_GYM_PYTHON")
+_REFERENCE = """
+import json, sys
+from nemo_gym.reward_profile import compute_pass_majority_metrics
+for case in json.load(open(sys.argv[1])):
+    metrics = compute_pass_majority_metrics(case["tasks"], answer_key=case["answer_key"])[0]
+    print(json.dumps(metrics))
+"""
+
+
+@pytest.mark.skipif(
+    not NEMO_GYM_PYTHON, reason="NEMO_GYM_PYTHON: a Python with nemo-gym 0.7.0 (BENCHMARKS.md)"
+)
+def test_side_by_side_with_the_installed_nemo_gym(tmp_path: Path) -> None:
+    """Its own ``compute_pass_majority_metrics`` on generated sets, not a transcription."""
+    sets = [_seeded(seed, continuous=seed % 2 == 1) for seed in range(40)]
+    keys = ["a" if seed % 3 else None for seed in range(40)]
+    path = tmp_path / "cases.json"
+    cases = [{"tasks": t, "answer_key": k} for t, k in zip(sets, keys, strict=True)]
+    path.write_text(json.dumps(cases))
+    assert NEMO_GYM_PYTHON is not None
+    proc = subprocess.run(
+        [NEMO_GYM_PYTHON, "-c", _REFERENCE, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    theirs = [json.loads(line) for line in proc.stdout.splitlines()]
+    for tasks, key, want in zip(sets, keys, theirs, strict=True):
+        task, reward, answers = columns(tasks)
+        got = pass_majority_metrics(task, reward, answers if key else None)
+        assert json.loads(json.dumps(got)) == want
+
+
+def _seeded(seed: int, continuous: bool) -> list[list[dict[str, Any]]]:
+    """200 tasks of 1-16 rollouts, 0/1 or continuous rewards, answers sometimes missing."""
+    rng = random.Random(seed)
+    tasks = []
+    for _ in range(200):
+        skill = rng.random()
+        tasks.append(
+            [
+                {
+                    "reward": rng.uniform(-1, 2) if continuous else float(rng.random() < skill),
+                    "a": None if rng.random() < 0.1 else str(rng.randrange(4)),
+                }
+                for _ in range(rng.randint(1, 16))
+            ]
+        )
+    return tasks
