@@ -6,10 +6,15 @@ order, as the profile already holds them; the state keeps every value by (task, 
 snapshot, a final profile and the batch command all compute from what has arrived, in any
 order, on any number of merged parts.
 
-Exactness: NeMo Gym sums Python floats left to right. Every sum here runs in that order (a
-running sum over positions within a task, ``np.cumsum`` over tasks, a rank loop over tied
-majority answers), and ``1 - C(n_wrong, k) / C(n, k)`` is computed with Python's exact integers,
-so the batch file equals NeMo Gym's to the bit, not merely to a tolerance.
+Exactness: NeMo Gym sums with Python's built-in ``sum``, and it runs on Python >= 3.13, whose
+``sum`` of floats is Neumaier's compensated sum (since 3.12), not a plain left-to-right one.
+Every sum here is that sum, in NeMo Gym's order (:func:`_neumaier`: the running sum is a plain
+``cumsum``, so each step's rounding error is known at once, and the compensation is the running
+sum of those), and ``1 - C(n_wrong, k) / C(n, k)`` is computed with Python's exact integers: the
+batch file equals NeMo Gym's to the bit, whatever Python runs this. CPython adds an int item
+(a reward written as a JSON int) without compensating, so which values were ints is followed
+too, through ``max`` (the first largest value is the one returned) and ``Counter`` (the first
+of equal keys is the one kept).
 
 Scores: ``accuracy`` is the rollout's ``reward`` (NeMo Gym's default score function; bools count
 as 0/1). With an answer key, ``no_answer`` is 1 where the rollout has no answer. Answers enter
@@ -31,19 +36,46 @@ __all__ = ["key_metrics", "live_ks", "pass_at_k_sums", "pass_majority_metrics"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
-
+B = npt.NDArray[np.bool_]
 
 STAT_NAMES = ("std_dev_across_runs", "std_err_across_runs", "avg_sample_std_dev")  # never scores
 
 
-def _seqsum(values: F64) -> float:
-    """Left-to-right sum, as Python's ``sum`` over floats (numpy's own sum is pairwise)."""
-    return float(np.cumsum(values)[-1]) if len(values) else 0.0
+def _neumaier(values: F64, axis: int = -1, ints: B | None = None) -> tuple[F64, F64]:
+    """The running sums of ``values`` along ``axis`` as CPython >= 3.12's ``sum`` computes them:
+    ``(plain, compensation)``; a prefix's sum is ``plain + compensation`` where the
+    compensation is non-zero and finite (:func:`_total`). ``ints`` marks items that were
+    Python ints: CPython adds those exactly while only ints have come, afterwards as floats
+    without compensating, and it compensates only from the second float on."""
+    plain = np.cumsum(values, axis=axis)
+    prev = np.roll(plain, 1, axis=axis)
+    np.moveaxis(prev, axis, 0)[0] = 0.0  # the first item is added to sum's start, 0
+    error = np.where(
+        np.abs(prev) >= np.abs(values), (prev - plain) + values, (values - plain) + prev
+    )
+    if ints is not None:
+        floats_before: I64 = np.cumsum(~ints, axis=axis) - ~ints  # floats among earlier items
+        error = np.where(ints | (floats_before == 0), 0.0, error)
+    return plain, np.cumsum(error, axis=axis)
 
 
-def _mean_pct(values: F64) -> float:
+def _total(plain: F64 | float, compensation: F64 | float) -> F64:
+    """Where the compensation is non-zero and finite, the plain sum plus it (CPython's rule)."""
+    ok = (compensation != 0) & np.isfinite(compensation)
+    out: F64 = np.where(ok, np.add(plain, compensation), plain)
+    return out
+
+
+def _psum(values: list[float]) -> float:
+    """Python >= 3.12's ``sum`` of a short list of floats (the std of a few run averages)."""
+    plain, compensation = _neumaier(np.asarray(values, dtype=np.float64))
+    return float(_total(plain[-1], compensation[-1]))
+
+
+def _mean_pct(values: F64, ints: B | None = None) -> float:
     """``100.0 * sum(values) / len(values)``, in NeMo Gym's order of operations."""
-    return 100.0 * _seqsum(values) / len(values)
+    plain, compensation = _neumaier(values, ints=ints)
+    return 100.0 * float(_total(plain[-1], compensation[-1])) / len(values)
 
 
 class _Tasks:
@@ -63,25 +95,38 @@ class _Tasks:
         out[self.of, self.pos] = values
         return out
 
+    def flags(self, ints: B) -> B:
+        out = np.zeros((self.count, self.max_k), dtype=bool)
+        out[self.of, self.pos] = ints
+        return out
+
 
 class _Score:
     """What every k needs of one score, computed once."""
 
-    def __init__(self, tasks: _Tasks, values: F64) -> None:
+    def __init__(self, tasks: _Tasks, values: F64, ints: B) -> None:
         m = tasks.matrix(values)
-        self.values = values
-        self.matrix = m
-        self.running_sum = np.nancumsum(m, axis=1)  # left to right, as Python adds
+        self.matrix, self.ints = m, tasks.flags(ints)
+        plain, compensation = _neumaier(np.nan_to_num(m), axis=1, ints=self.ints)
+        self.running_sum = _total(plain, compensation)
         self.running_max = np.fmax.accumulate(m, axis=1)
+        # which value Python's max(vals[:k]) returns (its int-ness counts): the first largest
+        self.max_at = np.zeros((tasks.count, tasks.max_k), dtype=np.int64)
+        for j in range(1, tasks.max_k):
+            later = m[:, j] > self.running_max[:, j - 1]
+            self.max_at[:, j] = np.where(later, j, self.max_at[:, j - 1])
         self.binary = np.all(np.isnan(m) | (m == 0) | (m == 1), axis=1)  # over all its values
         self.wrong = np.sum(m == 0, axis=1)
 
-    def pass_at(self, tasks: _Tasks, k: int, comb: dict[tuple[int, int, int], float]) -> F64:
+    def pass_at(
+        self, tasks: _Tasks, k: int, comb: dict[tuple[int, int, int], float]
+    ) -> tuple[F64, B]:
         """Per task with at least ``k`` values: the unbiased estimator for a 0/1 task, else
-        the max of its first ``k`` values."""
-        has = tasks.sizes >= k
+        the max of its first ``k`` values; and which of those are Python ints."""
+        has = np.flatnonzero(tasks.sizes >= k)
         out: F64 = self.running_max[has, k - 1]
         binary, n, wrong = self.binary[has], tasks.sizes[has], self.wrong[has]
+        ints = self.ints[has, self.max_at[has, k - 1]] & ~binary
         out[binary & (wrong < k)] = 1.0
         open_ = np.flatnonzero(binary & (wrong >= k))
         if len(open_):
@@ -95,7 +140,7 @@ class _Score:
                     comb[key] = 1.0 - math.comb(incorrect, k) / math.comb(total, k)
                 table.append(comb[key])
             out[open_] = np.asarray(table)[inverse.ravel()]
-        return out
+        return out, ints
 
     def avg_of(self, tasks: _Tasks, k: int) -> F64:
         """Per task: the mean of its first ``k`` values."""
@@ -103,12 +148,18 @@ class _Score:
         avg: F64 = self.running_sum[np.arange(tasks.count), took - 1] / took
         return avg
 
+    def column(self, i: int) -> tuple[F64, B]:
+        """The values at position ``i`` of the tasks that have one, and their int flags."""
+        present = ~np.isnan(self.matrix[:, i])
+        return self.matrix[present, i], self.ints[present, i]
+
 
 class _Votes:
-    """One score's (task, answer, score) pairs, as ``Counter`` keys them, for majority@k."""
+    """The (task, answer, score) pairs, as ``Counter`` keys them, for majority@k."""
 
-    def __init__(self, tasks: _Tasks, score: F64, answers: I64) -> None:
-        self.tasks, self.score, self.answers = tasks, score, answers
+    def __init__(self, tasks: _Tasks, score: F64, ints: B, answers: I64) -> None:
+        self.tasks, self.score, self.ints = tasks, score, ints
+        self.answered = answers != NO_ANSWER
         bits = (score + 0.0).view(np.int64)  # -0.0 == 0.0 in Python: one key
         keys = np.lexsort((bits, answers, tasks.of))
         t, a, b = tasks.of[keys], answers[keys], bits[keys]
@@ -116,16 +167,15 @@ class _Votes:
         self.group = np.empty(len(keys), dtype=np.int64)
         self.group[keys] = np.cumsum(new) - 1
         # lexsort is stable and rows are in (task, position) order: a group's first row in
-        # the sort is its first rollout
-        first = keys[new]
-        self.first = first
-        self.order = np.lexsort((tasks.pos[first], tasks.of[first]))  # Counter's order
+        # the sort is its first rollout (Counter keeps that key, an int or a float)
+        self.first = keys[new]
+        self.order = np.lexsort((tasks.pos[self.first], tasks.of[self.first]))  # Counter's
 
     def majority(self, k: int) -> F64:
         """Per task: the mean score of the most frequent pairs among its first ``k`` rollouts
         with an answer (ties averaged in first-seen order); 0 for a task with none."""
         tasks, first = self.tasks, self.first
-        live = (tasks.pos < k) & (self.answers != NO_ANSWER)
+        live = (tasks.pos < k) & self.answered
         counts = np.bincount(self.group[live], minlength=len(first))
         active = self.order[counts[self.order] > 0]  # by task, then first position
         task_of = tasks.of[first[active]]
@@ -133,62 +183,76 @@ class _Votes:
         if len(active):
             starts = np.flatnonzero(np.r_[True, task_of[1:] != task_of[:-1]])
             top[task_of[starts]] = np.maximum.reduceat(counts[active], starts)
-        tied = active[counts[active] == top[task_of]]
-        t_tied, s_tied = tasks.of[first[tied]], self.score[first[tied]]
-        total = np.zeros(tasks.count)
+        tied = first[active[counts[active] == top[task_of]]]
+        t_tied, s_tied, i_tied = tasks.of[tied], self.score[tied], self.ints[tied]
+        plain, compensation = np.zeros(tasks.count), np.zeros(tasks.count)
+        float_seen = np.zeros(tasks.count, dtype=bool)
         n_tied = np.bincount(t_tied, minlength=tasks.count)
-        if len(tied):  # a running sum by rank within the task: left to right
+        if len(tied):  # Python's sum by rank within the task, compensated as it compensates
             starts = np.flatnonzero(np.r_[True, t_tied[1:] != t_tied[:-1]])
             rank = np.arange(len(tied)) - np.repeat(starts, np.diff(np.r_[starts, len(tied)]))
             for r in range(int(rank.max()) + 1):
                 at = rank == r
-                total[t_tied[at]] += s_tied[at]
+                who, x, is_int = t_tied[at], s_tied[at], i_tied[at]
+                before = plain[who]
+                after = before + x
+                big = np.abs(before) >= np.abs(x)
+                error = np.where(big, (before - after) + x, (x - after) + before)
+                compensation[who] += np.where(is_int | ~float_seen[who], 0.0, error)
+                float_seen[who] |= ~is_int
+                plain[who] = after
+        total = _total(plain, compensation)
         out = np.zeros(tasks.count)
         voted = n_tied > 0
         out[voted] = total[voted] / n_tied[voted]
         return out
 
 
-def pass_majority_metrics(task: I64, reward: F64, answers: I64 | None = None) -> dict[str, Any]:
+def pass_majority_metrics(
+    task: I64, reward: F64, answers: I64 | None = None, reward_int: B | None = None
+) -> dict[str, Any]:
     """NeMo Gym's ``compute_pass_majority_metrics(tasks, answer_key=...)[0]`` for one group.
 
     ``task`` and ``reward`` are per rollout in (task, rollout) order; ``answers`` the answer
-    identities (:func:`answer_id`) when an answer key is set.
+    identities (:func:`~rewardstream.processors.records.answer_id`) when an answer key is set;
+    ``reward_int`` which rewards were ints (or bools) in their rows, which Python sums
+    differently (default: none).
     """
     if not len(task):
         return {}
     tasks = _Tasks(task)
     values = {"accuracy": reward}
-    if answers is not None:
+    ints = {"accuracy": np.zeros(len(task), bool) if reward_int is None else reward_int}
+    if answers is not None:  # NeMo Gym's no_answer is 1 if the answer is None, else 0: ints
         values["no_answer"] = (answers == NO_ANSWER).astype(np.float64)
+        ints["no_answer"] = np.ones(len(task), bool)
     names = sorted(values)
-    scores = {name: _Score(tasks, values[name]) for name in names}
+    scores = {name: _Score(tasks, values[name], ints[name]) for name in names}
     # majority@k/no_answer votes only among rollouts with an answer, whose no_answer is 0:
     # it is 0 for every task, as NeMo Gym's loop finds, without counting the votes
-    votes = {"accuracy": _Votes(tasks, reward, answers)} if answers is not None else {}
+    votes = _Votes(tasks, reward, ints["accuracy"], answers) if answers is not None else None
     nobody = np.zeros(tasks.count)
     comb: dict[tuple[int, int, int], float] = {}
     metrics: dict[str, Any] = {}
     for k in range(1, tasks.max_k + 1):
         for name in names:
-            passed = scores[name].pass_at(tasks, k, comb)
+            passed, passed_int = scores[name].pass_at(tasks, k, comb)
             if len(passed):
-                metrics[f"pass@{k}/{name}"] = _mean_pct(passed)
+                metrics[f"pass@{k}/{name}"] = _mean_pct(passed, passed_int)
             metrics[f"pass@1[avg-of-{k}]/{name}"] = _mean_pct(scores[name].avg_of(tasks, k))
-            if answers is not None:
-                voted = votes[name].majority(k) if name in votes else nobody
+            if votes is not None:
+                voted = votes.majority(k) if name == "accuracy" else nobody
                 metrics[f"majority@{k}/{name}"] = _mean_pct(voted)
     per_sample: dict[str, list[float]] = {name: [] for name in names}
     for i in range(tasks.max_k):
         for name in names:
-            column = scores[name].matrix[:, i]
-            per_sample[name].append(_mean_pct(column[~np.isnan(column)]))
+            per_sample[name].append(_mean_pct(*scores[name].column(i)))
     metrics["per_sample_aggregate"] = per_sample
     for k in range(2, tasks.max_k + 1):
         for name in names:
             runs = per_sample[name][:k]
-            mean = sum(runs) / len(runs)
-            std = math.sqrt(sum((x - mean) ** 2 for x in runs) / (len(runs) - 1))
+            mean = _psum(runs) / len(runs)
+            std = math.sqrt(_psum([(x - mean) ** 2 for x in runs]) / (len(runs) - 1))
             metrics[f"pass@1[avg-of-{k}]/{name}/std_dev_across_runs"] = std
             metrics[f"pass@1[avg-of-{k}]/{name}/std_err_across_runs"] = std / math.sqrt(len(runs))
     return metrics
@@ -208,11 +272,11 @@ def pass_at_k_sums(task: I64, reward: F64, ks: list[int]) -> dict[int, tuple[flo
     if not len(task):
         return {}
     tasks = _Tasks(task)
-    score = _Score(tasks, reward)
+    score = _Score(tasks, reward, np.zeros(len(task), dtype=bool))
     comb: dict[tuple[int, int, int], float] = {}
     out = {}
     for k in ks:
-        values = score.pass_at(tasks, k, comb)
+        values, _ = score.pass_at(tasks, k, comb)
         out[k] = (float(values.sum()), len(values))
     return out
 

@@ -147,7 +147,7 @@ class Profile:
             metrics = {k: v for k, v in entry.items() if k != "agent_ref"}
             if group is not None:
                 metrics |= pass_majority_metrics(
-                    group.task, group.reward, group.answer if answers else None
+                    group.task, group.reward, group.answer if answers else None, group.reward_int
                 )
                 metrics["num_repeats"] = group.repeats
             repeats = [
@@ -179,6 +179,7 @@ class _Group(NamedTuple):
     name: str
     task: I64
     reward: npt.NDArray[np.float64]
+    reward_int: npt.NDArray[np.bool_]  # an int (or bool) in its row: Python sums those apart
     answer: I64
     repeats: int  # distinct rollout indices among the label's measured results
 
@@ -758,11 +759,11 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
         int(res_masked.sum()),
         agents,
         lambda: _summary(in_task, run_key, has_result[keys.of_input]),
-        lambda: _groups(names, rollouts, state.column(state.res_answer)[results]),
+        lambda: _groups(state, names, rollouts),
     )
 
 
-def _groups(names: list[str], r: _Rollouts, answer: I64) -> list[_Group]:
+def _groups(state: ProfileState, names: list[str], r: _Rollouts) -> list[_Group]:
     """Per agent label, sorted by name as the agent entries are."""
     cols = r.frame.columns
     reward = (
@@ -770,11 +771,18 @@ def _groups(names: list[str], r: _Rollouts, answer: I64) -> list[_Group]:
         if "reward" in cols
         else np.full(len(r.task), np.nan)
     )
+    answer = state.column(state.res_answer)[r.result]
+    int_schema = [
+        bool(ints[names_.index("reward")]) if "reward" in names_ else False
+        for names_, ints in state.schemas
+    ]
+    reward_int = np.asarray(int_schema or [False])[state.column(state.res_schema)[r.result]]
     out = []
     for lab in sorted(set(r.label[r.label >= 0].tolist()), key=names.__getitem__):
         rows = np.flatnonzero((r.label == lab) & ~np.isnan(reward))
         repeats = len(np.unique(r.rollout[r.label == lab]))
-        out.append(_Group(names[lab], r.task[rows], reward[rows], answer[rows], repeats))
+        group = (r.task[rows], reward[rows], reward_int[rows], answer[rows])
+        out.append(_Group(names[lab], *group, repeats))
     return out
 
 

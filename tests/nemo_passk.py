@@ -4,16 +4,48 @@
 (Apache-2.0, NVIDIA) and the ``get_key_metrics`` of its ``math_with_judge`` server, kept as
 plain Python over lists of dicts so that ``rewardstream.processors.passk``, which computes the
 same numbers from columns, is checked against the definition rather than against itself.
+
+NeMo Gym 0.7.0 runs on Python >= 3.13, whose built-in ``sum`` of floats is compensated
+(Neumaier, since 3.12): :func:`psum` is that ``sum`` on any Python, transcribed from
+CPython's ``Objects/bltinmodule.c``.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 STATS = ("std_dev_across_runs", "std_err_across_runs", "avg_sample_std_dev")
+
+
+def psum(items: Iterable[Any]) -> Any:
+    """CPython >= 3.12's ``sum(items)``: ints exactly while only ints come, then floats with
+    Neumaier's compensation (an int item after that is added as a float, uncompensated)."""
+    if sys.version_info >= (3, 12):
+        return sum(items)
+    it = iter(items)
+    result: Any = 0
+    for item in it:
+        result = result + item
+        if type(result) is float:
+            break
+    else:
+        return result
+    f, c = result, 0.0
+    for x in it:
+        if type(x) is float:
+            t = f + x
+            c += (f - t) + x if abs(f) >= abs(x) else (x - t) + f
+            f = t
+        else:
+            f += float(x)
+    if c and math.isfinite(c):
+        f += c
+    return f
 
 
 def compute_pass_majority_metrics(
@@ -56,14 +88,14 @@ def compute_pass_majority_metrics(
                 else:
                     pass_values.append(max(vals[:k]))  # type: ignore[type-var, arg-type]
             if pass_values:
-                metrics[f"pass@{k}/{name}"] = 100.0 * sum(pass_values) / len(pass_values)
+                metrics[f"pass@{k}/{name}"] = 100.0 * psum(pass_values) / len(pass_values)
             avg_values = []
             for task_scores in all_score_dicts:
                 vals = [s.get(name) for s in task_scores[:k] if name in s]
                 if vals:
-                    avg_values.append(sum(vals) / len(vals))  # type: ignore[arg-type]
+                    avg_values.append(psum(vals) / len(vals))
             if avg_values:
-                metrics[f"pass@1[avg-of-{k}]/{name}"] = 100.0 * sum(avg_values) / len(avg_values)
+                metrics[f"pass@1[avg-of-{k}]/{name}"] = 100.0 * psum(avg_values) / len(avg_values)
             if answer_key is not None:
                 majority_values: list[float] = []
                 for task_scores, task_answers in zip(all_score_dicts, all_answers, strict=True):
@@ -78,10 +110,10 @@ def compute_pass_majority_metrics(
                     counter = Counter(valid)
                     max_count = counter.most_common(1)[0][1]
                     tied = [(a, s) for (a, s), c in counter.items() if c == max_count]
-                    majority_values.append(sum(s for _, s in tied) / len(tied))  # type: ignore[misc]
+                    majority_values.append(psum(s for _, s in tied) / len(tied))
                 if majority_values:
                     metrics[f"majority@{k}/{name}"] = (
-                        100.0 * sum(majority_values) / len(majority_values)
+                        100.0 * psum(majority_values) / len(majority_values)
                     )
     per_sample_agg: dict[str, list[float]] = {name: [] for name in score_names}
     for run_idx in range(max_k):
@@ -92,7 +124,7 @@ def compute_pass_majority_metrics(
                 if run_idx < len(ts) and name in ts[run_idx]
             ]
             if run_scores:
-                per_sample_agg[name].append(100.0 * sum(run_scores) / len(run_scores))  # type: ignore[arg-type]
+                per_sample_agg[name].append(100.0 * psum(run_scores) / len(run_scores))
     per_sample_agg = {k: v for k, v in per_sample_agg.items() if v}
     metrics["per_sample_aggregate"] = per_sample_agg
     if max_k > 1:
@@ -100,8 +132,8 @@ def compute_pass_majority_metrics(
             for name in score_names:
                 runs = per_sample_agg.get(name, [])[:k]
                 if len(runs) >= 2:
-                    mean_val = sum(runs) / len(runs)
-                    variance = sum((x - mean_val) ** 2 for x in runs) / (len(runs) - 1)
+                    mean_val = psum(runs) / len(runs)
+                    variance = psum((x - mean_val) ** 2 for x in runs) / (len(runs) - 1)
                     std_dev = math.sqrt(variance)
                     metrics[f"pass@1[avg-of-{k}]/{name}/std_dev_across_runs"] = std_dev
                     metrics[f"pass@1[avg-of-{k}]/{name}/std_err_across_runs"] = std_dev / math.sqrt(

@@ -41,18 +41,19 @@ def collections(draw: st.DrawFn) -> list[list[dict[str, Any]]]:
     return tasks
 
 
-def columns(tasks: list[list[dict[str, Any]]]) -> tuple[Any, Any, Any]:
+def columns(tasks: list[list[dict[str, Any]]]) -> tuple[Any, Any, Any, Any]:
     task = np.array([t for t, rollouts in enumerate(tasks) for _ in rollouts], dtype=np.int64)
     reward = np.array([float(r["reward"]) for rollouts in tasks for r in rollouts])
     answers = np.array([answer_id(r["a"]) for rollouts in tasks for r in rollouts], dtype=np.int64)
-    return task, reward, answers
+    ints = np.array([type(r["reward"]) is not float for rollouts in tasks for r in rollouts])
+    return task, reward, answers, ints.astype(bool)
 
 
 @settings(max_examples=400, deadline=None)
 @given(collections(), st.booleans())
 def test_equal_to_the_reference(tasks: list[list[dict[str, Any]]], with_answers: bool) -> None:
-    task, reward, answers = columns(tasks)
-    got = pass_majority_metrics(task, reward, answers if with_answers else None)
+    task, reward, answers, ints = columns(tasks)
+    got = pass_majority_metrics(task, reward, answers if with_answers else None, ints)
     want = nemo_passk.compute_pass_majority_metrics(tasks, "a" if with_answers else None)
     assert list(got) == list(want)
     assert got == want  # exact: the same sums in the same order
@@ -157,13 +158,14 @@ def test_side_by_side_with_the_installed_nemo_gym(tmp_path: Path) -> None:
     )
     theirs = [json.loads(line) for line in proc.stdout.splitlines()]
     for tasks, key, want in zip(sets, keys, theirs, strict=True):
-        task, reward, answers = columns(tasks)
-        got = pass_majority_metrics(task, reward, answers if key else None)
+        task, reward, answers, ints = columns(tasks)
+        got = pass_majority_metrics(task, reward, answers if key else None, ints)
         assert json.loads(json.dumps(got)) == want
 
 
 def _seeded(seed: int, continuous: bool) -> list[list[dict[str, Any]]]:
-    """200 tasks of 1-16 rollouts, 0/1 or continuous rewards, answers sometimes missing."""
+    """200 tasks of 1-16 rollouts, 0/1 rewards or a mix of floats and JSON ints, answers
+    sometimes missing."""
     rng = random.Random(seed)
     tasks = []
     for _ in range(200):
@@ -171,7 +173,9 @@ def _seeded(seed: int, continuous: bool) -> list[list[dict[str, Any]]]:
         tasks.append(
             [
                 {
-                    "reward": rng.uniform(-1, 2) if continuous else float(rng.random() < skill),
+                    "reward": (rng.choice([rng.uniform(-1, 2), rng.randint(0, 3)]))
+                    if continuous
+                    else float(rng.random() < skill),
                     "a": None if rng.random() < 0.1 else str(rng.randrange(4)),
                 }
                 for _ in range(rng.randint(1, 16))
