@@ -150,7 +150,7 @@ class Pipeline:
 
     def close(self) -> None:
         for unit in self.units.values():
-            unit.close()
+            unit.drop()
 
     def __enter__(self) -> Pipeline:
         return self

@@ -22,6 +22,7 @@ growth this avoids.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import time
@@ -255,9 +256,7 @@ class Part:
             return
         self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
         self.state, self._keys = ProfileState(), _EveryKey()
-        self.close()
-        self.spill = None
-        self._spill_path.unlink(missing_ok=True)
+        self.delete()
 
     def add_input(self, event: Input, checked: CheckedRow | None = None) -> bool:
         """Record one materialized row; False when it was seen before. A bad row raises
@@ -312,6 +311,14 @@ class Part:
         if self.spill is not None:
             self.spill.close()
 
+    def delete(self) -> None:
+        """Close and delete the spill file, and its ``.state`` folder once empty."""
+        self.close()
+        self.spill = None
+        self._spill_path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # another part's spill is still there
+            self._spill_path.parent.rmdir()
+
 
 class Unit:
     """One topic-partition (``input-3``, ``rollout-0``): its position and its runs' parts."""
@@ -329,17 +336,12 @@ class Unit:
             part = self.parts[run_id] = Part(spill)
         return part
 
-    def close(self) -> None:
-        for part in self.parts.values():
-            part.close()
-
     def drop(self) -> None:
-        """Close and delete the spill files (the unit was revoked: its next owner rebuilds it
-        from Kafka, and this copy would only grow stale)."""
+        """Close and delete the spill files: scratch that the unit's next owner (or this
+        processor, restarted) rebuilds from Kafka; a copy kept would only grow stale, or be
+        left behind when the command ends."""
         for part in self.parts.values():
-            part.close()
-            if part.spill is not None:
-                part.spill.path.unlink(missing_ok=True)
+            part.delete()
 
 
 class Done(NamedTuple):

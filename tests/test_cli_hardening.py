@@ -517,3 +517,16 @@ def test_a_negative_limit_is_refused_before_any_output(tmp_path: Path) -> None:
     )
     assert "'limit'" in assert_one_line_error(proc)
     assert not out.parent.exists()
+
+
+def test_replay_leaves_no_spill_files(tmp_path: Path) -> None:
+    """Its spill folder (``OUT/<run>/.state``) used to stay behind, empty or not."""
+    inputs, rollouts = _pair(tmp_path / "a")
+    out = tmp_path / "out"
+    argv = [*CLI, "replay", "--inputs", str(inputs), "--rollouts", str(rollouts)]
+    assert run([*argv, "--output-dir", str(out)]).returncode == 0
+    assert sorted(p.name for p in (out / "r").iterdir()) == [
+        "r_agent_metrics.json",
+        "r_repeat_level_metrics.json",
+        "r_reward_profiling.jsonl",
+    ]
