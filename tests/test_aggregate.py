@@ -4,6 +4,7 @@ per agent equal NeMo Gym's reference computed from the files directly, and task 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import subprocess
 import sys
@@ -191,6 +192,12 @@ def batch_aggregates(inputs: Path, lines: list[bytes], out: Path) -> None:
 EXTRA = ("r_aggregate_metrics.json", "r_task_difficulty.json")
 
 
+def _sample(exposition: str, series: str) -> float:
+    """The value of one series in a Prometheus text exposition."""
+    (line,) = [x for x in exposition.splitlines() if x.startswith(series + " ")]
+    return float(line.rsplit(" ", 1)[1])
+
+
 @pytest.mark.kafka
 def test_streamed_snapshot_and_final_carry_the_batch_aggregates(
     kafka_bootstrap: str,
@@ -243,6 +250,15 @@ def test_streamed_snapshot_and_final_carry_the_batch_aggregates(
         ):
             assert f"{family}{{" in metrics, family
         assert 'rewardstream_tasks{agent="alpha",kind="zero_variance",run_id="agg"}' in metrics
+        # the live pass@k is the snapshot's (one processor: all the tasks)
+        snapped = orjson.loads((snap / EXTRA[0]).read_bytes())
+        for entry in snapped:
+            agent = entry["agent_ref"]["name"]
+            labels = f'{{agent="{agent}",k="1",run_id="agg"}}'
+            total = _sample(metrics, f"rewardstream_pass_at_k_tasks_sum{labels}")
+            tasks = _sample(metrics, f"rewardstream_pass_at_k_tasks{labels}")
+            shown = 100.0 * total / tasks
+            assert math.isclose(shown, entry["agent_metrics"]["pass@1/accuracy"], rel_tol=1e-12)
         # curate from the live run equals curate from the batch profile of the same prefix
         band = ["--band", "0.2", "0.8"]
         live_argv = ["curate", "--url", p.url, "--run-id", "agg", *band]
