@@ -63,6 +63,20 @@ class _LiveCollector(Collector):
             )
             for name in ("mean", "std", "min", "max")
         }
+        # additive over processors (tasks, hence rollouts, are partitioned): PromQL's sum by
+        # run_id and agent gives the run-wide mean and std (deploy/prometheus/rules.yml)
+        additive = {
+            name: GaugeMetricFamily(
+                f"rewardstream_reward_{name}",
+                f"{text} of the rewards of the rollouts consumed here",
+                labels=["run_id", "agent"],
+            )
+            for name, text in (
+                ("count", "number"),
+                ("sum", "sum"),
+                ("sum_squares", "sum of the squares"),
+            )
+        }
         completion = GaugeMetricFamily(
             "rewardstream_run_completion_ratio",
             "rollouts consumed here / expected rollouts of a run (NaN until its RunStarted "
@@ -72,6 +86,11 @@ class _LiveCollector(Collector):
         tasks = GaugeMetricFamily(
             "rewardstream_run_tasks_complete",
             "tasks with every expected rollout consumed (a share per processor, like completion)",
+            labels=["run_id"],
+        )
+        done = GaugeMetricFamily(
+            "rewardstream_run_done",
+            "1 once the run has its final profile (written by any processor of the group)",
             labels=["run_id"],
         )
         for run_id, run in self._runs().items():
@@ -88,14 +107,21 @@ class _LiveCollector(Collector):
                     ("max", reward.max),
                 ):
                     stats[name].add_metric([run_id, agent], value)
+                total = reward.count * reward.mean
+                additive["count"].add_metric([run_id, agent], reward.count)
+                additive["sum"].add_metric([run_id, agent], total)
+                additive["sum_squares"].add_metric([run_id, agent], reward.m2 + total * reward.mean)
             expected = run.expected
             completion.add_metric(
                 [run_id], run.local_rollouts / expected if expected else float("nan")
             )
             tasks.add_metric([run_id], run.tasks_complete())
+            done.add_metric([run_id], float(run.done))
         yield from stats.values()
+        yield from additive.values()
         yield completion
         yield tasks
+        yield done
         yield from _task_families(
             {
                 run_id: run.task_figures()
