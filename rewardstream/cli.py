@@ -322,6 +322,12 @@ def _snapshot(base: str, run_id: str, out: Path) -> SnapshotHead:
         raise InputError(f"{url}: the snapshot response was cut short ({exc!r})"[:300]) from None
 
 
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from rewardstream.watch import watch
+
+    return watch(args.url, args.run_id, args.interval, args.once)
+
+
 def _cmd_curate(args: argparse.Namespace) -> int:
     from rewardstream.sinks.curate import Criteria, curate, find_profile, report_lines
 
@@ -566,6 +572,16 @@ def build_parser() -> argparse.ArgumentParser:
         kafka_options.add_arguments(p)
     get.set_defaults(func=_cmd_profiles_get)
     lst.set_defaults(func=_cmd_profiles_list)
+    wa = sub.add_parser("watch", help="a processor's runs as a live table in the terminal")
+    wa.add_argument(
+        "--url", required=True, type=_http_url, help="the processor's http://HOST:PORT (or PORT)"
+    )
+    wa.add_argument("--run-id", help="only this run (default: every run the processor knows)")
+    wa.add_argument(
+        "--interval", type=_seconds, default=2.0, metavar="S", help="poll every S s (2)"
+    )
+    wa.add_argument("--once", action="store_true", help="print the table once and exit")
+    wa.set_defaults(func=_cmd_watch)
     cu = sub.add_parser(
         "curate",
         help="write the tasks whose pass rate is in a band (and/or whose reward varies) as "

@@ -1,0 +1,113 @@
+"""``rewardstream watch`` against a real processor fed through a real broker: once, and live
+under tmux (send-keys is not needed: the table redraws itself), showing what ``/runs/<id>``
+says and updating as rollouts arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from rewardstream.contract import Topics
+from tests.golden import file_events, generated_collection
+from tests.processes import Processor, make_topics, send_events
+
+pytestmark = pytest.mark.kafka
+CLI = [sys.executable, "-m", "rewardstream.cli"]
+
+
+def _detail(url: str, run_id: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/runs/{run_id}", timeout=10) as r:
+        detail: dict[str, Any] = orjson.loads(r.read())
+    return detail
+
+
+def _shows(text: str, detail: dict[str, Any]) -> bool:
+    """The table holds the run's rollouts and each agent's rollouts and mean reward."""
+    if f" {detail['rollouts']} " not in text:
+        return False
+    for name, agent in detail["agents"].items():
+        mean = f"{agent['reward']['mean']:.4f}"
+        if not any(name in line and mean in line for line in text.splitlines()):
+            return False
+    return True
+
+
+def test_watch_shows_the_run_and_follows_it(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=100, repeats=4, seed=9)
+    prefix = unique_name("watch")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
+    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / "processor.log")
+    processors.append(p)
+    events = file_events(inputs, rollouts, "w", "r", False)
+    first = [e for e in events if e[0] != "rollout"] + [e for e in events if e[0] == "rollout"][
+        :150
+    ]
+    later = [e for e in events if e[0] == "rollout"][150:]
+    send_events(kafka_bootstrap, topics, first, "w")
+    p.wait(lambda runs: runs.get("w", {}).get("rollouts") == 150)
+
+    once = subprocess.run(
+        [*CLI, "watch", "--url", p.url, "--once"], capture_output=True, text=True, timeout=60
+    )
+    assert once.returncode == 0, once.stderr
+    assert _shows(once.stdout, _detail(p.url, "w")), once.stdout
+
+    tmux = shutil.which("tmux")
+    assert tmux is not None, "tmux is needed (.ci/system-deps)"
+    socket = ["-L", unique_name("rs")]
+    watch = [*CLI, "watch", "--url", p.url, "--run-id", "w", "--interval", "0.5"]
+    command = " ".join(["env", "COLUMNS=200", *watch])  # a detached session is 80 wide
+    subprocess.run(
+        [tmux, *socket, "new-session", "-d", "-s", "w", "-x", "200", "-y", "60", command],
+        check=True,
+    )
+    try:
+
+        def screen() -> str:
+            return subprocess.run(
+                [tmux, *socket, "capture-pane", "-p", "-t", "w"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+
+        def until(detail: dict[str, Any]) -> None:
+            deadline = time.monotonic() + 30
+            while not _shows(screen(), detail):
+                assert time.monotonic() < deadline, screen()
+                time.sleep(0.3)
+
+        until(_detail(p.url, "w"))
+        send_events(kafka_bootstrap, topics, later, "w")
+        p.wait(lambda runs: runs.get("w", {}).get("rollouts") == 400)
+        until(_detail(p.url, "w"))  # redrawn with the new counts and means, no key pressed
+    finally:
+        subprocess.run([tmux, *socket, "kill-server"], check=False)
+
+
+def test_watch_names_what_it_cannot_reach() -> None:
+    proc = subprocess.run(
+        [*CLI, "watch", "--url", "127.0.0.1:1", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("rewardstream: error: cannot reach http://127.0.0.1:1")
+    assert proc.stderr.count("\n") == 1
