@@ -695,6 +695,13 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
             # after _start_fresh wrote the inputs file, which a resume never rewrites: run_id
             run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
             collector = _Collector(cfg, paths, sink, run_id, attempts, plan, urls)
+            if sink is not None:  # what to give rewardstream watch, snapshot or profiles get
+                print(
+                    f"rewardstream: streaming run {run_id} to Kafka "
+                    f"{cfg.kafka_bootstrap_servers} (topics {cfg.kafka_topic_prefix}.*)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         except OSError as exc:  # files only: no network in this block
             where = exc.filename or paths.rollouts
             raise InputError(f"Cannot write '{where}': {exc.strerror or exc}") from None
