@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -20,13 +21,16 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 
 from rewardstream.contract import Topics
 from rewardstream.kafka_local import free_port
 from tests.golden import file_events, generated_collection
 from tests.processes import Processor, make_topics, send_events
 
-PROMETHEUS = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
+ROOT = Path(__file__).resolve().parents[1]
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "rewardstream.json"
 PROMTOOL = shutil.which("promtool")
 
 pytestmark = pytest.mark.skipif(
@@ -115,13 +119,13 @@ def test_the_shipped_prometheus_gives_the_run_wide_mean_and_std_of_two_processor
         }
         deadline = time.monotonic() + 90
         while True:
-            with contextlib.suppress(OSError):
-                up = _query(url, 'count(up{job="rewardstream"} == 1)')
-                means = _query(url, 'rewardstream:reward_mean{run_id="run"}')
-                if up and up[0]["value"][1] == "2" and len(means) == len(batch):
+            with contextlib.suppress(OSError):  # the rules see both processors' shares
+                counted = _query(url, 'sum(rewardstream:reward_count{run_id="run"})')
+                if counted and counted[0]["value"][1] == "1200":
                     break
             assert time.monotonic() < deadline, "Prometheus never scraped both processors"
             time.sleep(0.5)
+        means = _query(url, 'rewardstream:reward_mean{run_id="run"}')
         stds = _query(url, 'rewardstream:reward_std{run_id="run"}')
         for series, stat in ((means, "mean/reward"), (stds, "std/reward")):
             got = {s["metric"]["agent"]: float(s["value"][1]) for s in series}
@@ -129,6 +133,48 @@ def test_the_shipped_prometheus_gives_the_run_wide_mean_and_std_of_two_processor
             assert got.keys() == want.keys()
             for agent, value in want.items():
                 assert math.isclose(got[agent], value, rel_tol=1e-9), (stat, agent)
+        # every panel of the Grafana dashboard is a query Prometheus answers
+        for panel in orjson.loads(DASHBOARD.read_bytes())["panels"]:
+            for target in panel["targets"]:
+                _query(url, target["expr"])  # an invalid expression is an HTTP 400
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+
+
+def test_compose_file_follows_the_compose_specification() -> None:
+    check = Path(sys.executable).parent / "check-jsonschema"
+    proc = subprocess.run(
+        [str(check), "--builtin-schema", "vendor.compose-spec", str(ROOT / "docker-compose.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_stack_is_wired_together() -> None:
+    """Prometheus scrapes the compose file's processors, each advertises the name its peers
+    reach it by, Grafana's datasource is the one the dashboard names."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    processors = sorted(name for name in services if name.startswith("processor-"))
+    assert len(processors) == 2
+    for name in processors:
+        command = services[name]["command"]
+        assert command[command.index("--advertise-url") + 1] == f"http://{name}:9400"
+        assert services[name]["hostname"] == name
+    (group,) = orjson.loads((PROMETHEUS / "targets" / "processors.json").read_bytes())
+    assert group["targets"] == [f"{name}:9400" for name in processors]
+    datasources = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )
+    (source,) = datasources["datasources"]
+    dashboard = orjson.loads(DASHBOARD.read_bytes())
+    uids = {p["datasource"]["uid"] for p in dashboard["panels"]}
+    assert uids == {source["uid"]} and source["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/dashboards/rewardstream.yml").read_text()
+    )
+    mount = {v.split(":")[1] for v in services["grafana"]["volumes"]}
+    assert provider["providers"][0]["options"]["path"] in mount
