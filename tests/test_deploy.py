@@ -56,6 +56,11 @@ def test_promtool(argv: list[str]) -> None:
     assert "SUCCESS" in proc.stdout + proc.stderr
 
 
+def _get(url: str, path: str) -> Any:
+    with urllib.request.urlopen(f"{url}{path}", timeout=5) as r:
+        return orjson.loads(r.read())
+
+
 def _query(url: str, promql: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(
         f"{url}/api/v1/query?query={urllib.parse.quote(promql)}", timeout=5
@@ -83,6 +88,10 @@ def test_the_shipped_prometheus_gives_the_run_wide_mean_and_std_of_two_processor
     log = tmp_path / "processors.log"
     members = [Processor(kafka_bootstrap, prefix, tmp_path / "out", log) for _ in range(2)]
     processors.extend(members)
+    # both in the group before the data: a partition that moves after the run's final takes
+    # its share out of the sums (README, "Prometheus")
+    for member in members:
+        member.wait(lambda _, m=member: len(m.units()) == 4)
     send_events(kafka_bootstrap, topics, file_events(inputs, rollouts, "run", "r", True), "run")
     for member in members:
         member.wait(lambda runs: runs.get("run", {}).get("done") is True)
@@ -100,17 +109,19 @@ def test_the_shipped_prometheus_gives_the_run_wide_mean_and_std_of_two_processor
         orjson.dumps([{"targets": targets}]).decode()
     )
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            prometheus_bin,
-            f"--config.file={config / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    prom_log = tmp_path / "prometheus.log"
+    with prom_log.open("wb") as prom_err:
+        proc = subprocess.Popen(
+            [
+                prometheus_bin,
+                f"--config.file={config / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=prom_err,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         batch = {
@@ -118,12 +129,24 @@ def test_the_shipped_prometheus_gives_the_run_wide_mean_and_std_of_two_processor
             for e in orjson.loads((tmp_path / "data" / "r_agent_metrics.json").read_bytes())
         }
         deadline = time.monotonic() + 90
+        counted: list[dict[str, Any]] = []
         while True:
             with contextlib.suppress(OSError):  # the rules see both processors' shares
                 counted = _query(url, 'sum(rewardstream:reward_count{run_id="run"})')
                 if counted and counted[0]["value"][1] == "1200":
                     break
-            assert time.monotonic() < deadline, "Prometheus never scraped both processors"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                said = prom_log.read_text(errors="replace")[-3000:]
+                assert proc.poll() is None, f"Prometheus exited {proc.returncode}: {said}"
+                seen = _query(url, 'rewardstream_reward_count{run_id="run"}')
+                shares = {
+                    (s["metric"]["instance"], s["metric"]["agent"]): s["value"][1] for s in seen
+                }
+                targets = _get(url, "/api/v1/targets")
+                pytest.fail(
+                    f"the rules never saw all 1200 rollouts: {counted}; series: {shares}; "
+                    f"targets: {targets}; log: {said}"
+                )
             time.sleep(0.5)
         means = _query(url, 'rewardstream:reward_mean{run_id="run"}')
         stds = _query(url, 'rewardstream:reward_std{run_id="run"}')
