@@ -90,8 +90,10 @@ def test_the_shipped_prometheus_gives_the_run_wide_mean_and_std_of_two_processor
     processors.extend(members)
     # both in the group before the data: a partition that moves after the run's final takes
     # its share out of the sums (README, "Prometheus")
-    for member in members:
-        member.wait(lambda _, m=member: len(m.units()) == 4)
+    deadline = time.monotonic() + 90
+    while any(len(m.units()) != 4 for m in members):
+        assert time.monotonic() < deadline, [m.units() for m in members]
+        time.sleep(0.2)
     send_events(kafka_bootstrap, topics, file_events(inputs, rollouts, "run", "r", True), "run")
     for member in members:
         member.wait(lambda runs: runs.get("run", {}).get("done") is True)
