@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -203,3 +204,50 @@ def test_the_stack_is_wired_together() -> None:
     )
     mount = {v.split(":")[1] for v in services["grafana"]["volumes"]}
     assert provider["providers"][0]["options"]["path"] in mount
+
+
+K8S = ROOT / "deploy" / "k8s"
+CORE = ("configmap.yaml", "deployment.yaml", "service.yaml")
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_kubernetes_manifests_follow_the_api_schema(name: str) -> None:
+    import kubernetes_validate
+
+    manifest = yaml.safe_load((K8S / name).read_text())
+    assert kubernetes_validate.validate(manifest, "1.30", strict=True) == "1.30"
+
+
+def test_the_schema_check_bites() -> None:
+    import kubernetes_validate
+
+    manifest = yaml.safe_load((K8S / "deployment.yaml").read_text())
+    manifest["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(manifest, "1.30", strict=True)
+
+
+def test_the_kubernetes_pieces_fit_together() -> None:
+    """The kustomization lists every manifest; the Service and the PodMonitor select the
+    processors' pods and name their port; every $(VAR) the processor's args use is set."""
+    files = sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]) == files
+    deployment = yaml.safe_load((K8S / "deployment.yaml").read_text())
+    pod = deployment["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    (container,) = pod["spec"]["containers"]
+    service = yaml.safe_load((K8S / "service.yaml").read_text())
+    monitor = yaml.safe_load((K8S / "podmonitor.yaml").read_text())
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ports = {p["name"] for p in container["ports"]}
+    assert {service["spec"]["ports"][0]["targetPort"]} <= ports
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    config = yaml.safe_load((K8S / "configmap.yaml").read_text())
+    known = set(config["data"]) | {e["name"] for e in container["env"]}
+    used = {m for arg in container["args"] for m in re.findall(r"\$\((\w+)\)", arg)}
+    assert used <= known, used - known
+    assert container["args"][0] == "stream"
+    assert {"--state-dir", "/state"} <= set(container["args"])
