@@ -9,22 +9,29 @@ response body as they render (the server never writes where a client asks).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable
+import tempfile
+import zipfile
+from collections.abc import AsyncGenerator, Awaitable
+from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from rewardstream.errors import InputError, RewardstreamError
+from rewardstream.processors.page import LiveView, add_page, page_response, wants_page
 from rewardstream.processors.partwire import PART_LIST_TYPE, encode_answer
 from rewardstream.processors.pipeline import Pipeline
 from rewardstream.processors.runs import PartView, Run
 from rewardstream.processors.snapshot import SnapshotJob
 from rewardstream.sinks.files import ProfilePaths
-from rewardstream.sinks.snapshot_wire import MEDIA_TYPE, SnapshotError
+from rewardstream.sinks.snapshot_wire import CHUNK, MEDIA_TYPE, SnapshotError, receive
 
 __all__ = ["Peers", "make_app", "serve"]
 
@@ -68,37 +75,16 @@ def make_app(
         units = {name: unit.position for name, unit in sorted(pipeline.units.items())}
         return web.json_response({"status": "ok", "leader": pipeline.leader, "units": units})
 
-    async def runs(_: web.Request) -> web.Response:
-        return web.json_response([_summary(t) for t in pipeline.runs.values()])
+    view = LiveView(pipeline)
 
-    async def run(request: web.Request) -> web.Response:
-        """One run's summary, with per agent its live reward moments, task difficulty and
-        pass@k over this processor's tasks (a share per processor, as in /metrics)."""
-        run_id = request.match_info["run_id"]
-        found = pipeline.runs.get(run_id)
-        if found is None:
-            raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}")
-        figures = found.task_figures()
-        agents = {}
-        for agent, live in sorted(found.live().items()):
-            reward = live.columns.get("reward")
-            fig = figures.get(agent)
-            agents[agent] = {
-                "rollouts": live.rollouts,
-                "reward": None
-                if reward is None or not reward.count
-                else {
-                    "mean": reward.mean,
-                    "std": reward.std,
-                    "min": reward.min,
-                    "max": reward.max,
-                },
-                "tasks": None if fig is None else fig.difficulty,
-                "pass_at_k": None
-                if fig is None
-                else {str(k): 100.0 * t / n for k, (t, n) in fig.passes.items() if n},
-            }
-        return web.json_response(_summary(found) | {"agents": agents})
+    async def runs(_: web.Request) -> web.Response:
+        return web.json_response(view.runs(), dumps=_dumps)
+
+    async def run(request: web.Request) -> web.StreamResponse:
+        """One run's summary with per agent its whole-run figures (the page, for a browser)."""
+        if wants_page(request):
+            return page_response()
+        return web.json_response(view.detail(_known(request)), dumps=_dumps)
 
     async def parts(request: web.Request) -> web.Response:
         """This processor's parts of a run, for a peer's snapshot or final profile, with the
@@ -120,27 +106,32 @@ def make_app(
         )
         return web.Response(body=body, headers={"Content-Type": PART_LIST_TYPE})
 
-    async def snapshot(request: web.Request) -> web.StreamResponse:
-        run_id = request.match_info["run_id"]
-        run = pipeline.runs.get(run_id)
-        if run is None:
-            raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}")
+    async def open_snapshot(run: Run) -> tuple[bytes, AsyncGenerator[bytes]]:
+        """The snapshot of a run (its final files once done) as the wire's head and the rest;
+        errors are HTTP errors, raised before any byte is sent."""
         received: dict[str, PartView] = {}
         offsets: dict[str, int] = {}
         final = None
         try:
             if run.terminal is not None and peers is not None:
-                final = await peers.final_files(run_id)
+                final = await peers.final_files(run.run_id)
             elif peers is not None:
-                received, offsets = await peers.gather(run_id)
+                received, offsets = await peers.gather(run.run_id)
         except RewardstreamError as exc:
-            raise web.HTTPServiceUnavailable(text=f"snapshot of run {run_id!r}: {exc}") from None
-        stream = SnapshotJob(pipeline, run_id, received, offsets, final).stream()
+            raise web.HTTPServiceUnavailable(
+                text=f"snapshot of run {run.run_id!r}: {exc}"
+            ) from None
+        stream = SnapshotJob(pipeline, run.run_id, received, offsets, final).stream()
         try:
-            try:
-                head = await anext(stream)
-            except SnapshotError as exc:
-                raise web.HTTPConflict(text=str(exc)) from None
+            return await anext(stream), stream
+        except SnapshotError as exc:
+            await stream.aclose()
+            raise web.HTTPConflict(text=str(exc)) from None
+
+    async def snapshot(request: web.Request) -> web.StreamResponse:
+        run = _known(request)
+        head, stream = await open_snapshot(run)
+        try:
             response = web.StreamResponse(headers={"Content-Type": MEDIA_TYPE})
             try:
                 await response.prepare(request)
@@ -149,10 +140,50 @@ def make_app(
                     await response.write(chunk)
                 await response.write_eof()
             except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
-                log.info("snapshot of run %s: the client went away", run_id)
+                log.info("snapshot of run %s: the client went away", run.run_id)
         finally:
             await stream.aclose()  # a client gone mid-stream: stop the children now
         return response
+
+    async def download(request: web.Request) -> web.StreamResponse:
+        """The page's download button: the snapshot (the final files once done) as one zip."""
+        run = _known(request)
+        head, stream = await open_snapshot(run)
+        kind = "final" if run.terminal is not None else "snapshot"
+        with tempfile.TemporaryDirectory(dir=pipeline.state_dir, prefix=".download-") as tmp:
+            try:
+                wire = Path(tmp, "wire")
+                with wire.open("wb") as fh:
+                    fh.write(head)
+                    async for chunk in stream:
+                        await asyncio.to_thread(fh.write, chunk)
+            finally:
+                await stream.aclose()
+            try:
+                archive = await asyncio.to_thread(_zip, wire, Path(tmp), run.run_id)
+            except RewardstreamError as exc:
+                raise web.HTTPServiceUnavailable(text=str(exc)) from None
+            name = f"{view.summary(run)['stem']}_{kind}.zip"
+            response = web.StreamResponse(
+                headers={
+                    "Content-Type": "application/zip",
+                    "Content-Disposition": f'attachment; filename="{name}"',
+                    "Content-Length": str(archive.stat().st_size),
+                }
+            )
+            await response.prepare(request)
+            with contextlib.suppress(ConnectionResetError), archive.open("rb") as fh:
+                while chunk := await asyncio.to_thread(fh.read, CHUNK):
+                    await response.write(chunk)
+                await response.write_eof()
+            return response
+
+    def _known(request: web.Request) -> Run:
+        run_id = request.match_info["run_id"]
+        found = pipeline.runs.get(run_id)
+        if found is None:
+            raise web.HTTPNotFound(text=f"unknown run_id {run_id!r}")
+        return found
 
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_bounded_body])
     app.router.add_get("/healthz", health)
@@ -161,28 +192,25 @@ def make_app(
     app.router.add_get("/runs/{run_id}", run)
     app.router.add_get("/parts/{run_id}", parts)
     app.router.add_post("/runs/{run_id}/snapshot", snapshot)
+    app.router.add_get("/runs/{run_id}/download", download)
+    add_page(app, view)
     return app
 
 
-def _summary(t: Run) -> dict[str, Any]:
-    return {
-        "run_id": t.run_id,
-        "rollouts": t.rollouts,
-        "inputs": t.inputs,
-        "expected_rollouts": t.expected,
-        "finished": t.finished,
-        "done": t.done,
-        "state": _state(t.terminal is not None and t.terminal.evicted, t.done),
-        # events seen before (a resumed or re-run collection, a redelivery):
-        # each counted once, these copies ignored; not an error
-        "duplicates_dropped": t.duplicates,
-        # events a final record covers, read again after a restart
-        "replays_skipped": t.replays,
-    }
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
 
 
-def _state(evicted: bool, done: bool) -> str:
-    return "evicted" if evicted else "final" if done else "open"
+def _zip(wire: Path, folder: Path, run_id: str) -> Path:
+    """The files of a snapshot stream saved in ``wire``, as ``folder/files.zip``."""
+    files = folder / "files"
+    with wire.open("rb") as fh:
+        head = receive(fh, files, f"snapshot of run {run_id!r}")
+    archive = folder / "files.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+        for name in head.files:
+            out.write(files / name, name)
+    return archive
 
 
 class _ClientFaults(logging.Filter):

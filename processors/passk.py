@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from rewardstream.processors.records import NO_ANSWER
 
-__all__ = ["key_metrics", "live_ks", "pass_at_k_sums", "pass_majority_metrics"]
+__all__ = ["curve_ks", "key_metrics", "live_ks", "pass_at_k_sums", "pass_majority_metrics"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -263,6 +263,12 @@ def live_ks(max_k: int) -> list[int]:
     ``max_k`` itself (so a series per agent and run, never per k up to 128)."""
     below = 1 << max(0, (max_k - 1).bit_length() - 1)
     return sorted({1, below, max_k} - {0})
+
+
+def curve_ks(max_k: int) -> list[int]:
+    """The k of a pass@k curve (the live page's): the powers of two up to ``max_k``, and
+    ``max_k`` itself."""
+    return sorted({1 << i for i in range(max_k.bit_length())} | ({max_k} - {0}))
 
 
 def pass_at_k_sums(task: I64, reward: F64, ks: list[int]) -> dict[int, tuple[float, int]]:

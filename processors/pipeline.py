@@ -39,6 +39,7 @@ from rewardstream.contract import (
 )
 from rewardstream.errors import RewardstreamError
 from rewardstream.names import Aggregates, ProfilePaths
+from rewardstream.processors.live import AgentLive
 from rewardstream.processors.runs import (
     Counts,
     Done,
@@ -112,10 +113,11 @@ class Late(NamedTuple):
 
 class RemoteUnit(NamedTuple):
     """A unit another processor owns, as its member record last said: the next offset it will
-    consume, and per run the (inputs, rollouts) it holds."""
+    consume, per run the (inputs, rollouts) it holds and per run and agent its live summary."""
 
     position: int
     runs: dict[str, Counts]
+    live: dict[str, dict[str, AgentLive]]
 
 
 class Pipeline:
@@ -164,6 +166,7 @@ class Pipeline:
         if run is None:
             run = self.runs[run_id] = Run(run_id)
             run.foreign = self._foreign(run_id)
+            run.foreign_live = self._foreign_live(run_id)
         return run
 
     def _foreign(self, run_id: str) -> dict[str, Counts]:
@@ -171,6 +174,9 @@ class Pipeline:
         renewed with every member record: a run first seen after them must still count its
         peers' parts, or it could finish without merging them."""
         return {n: u.runs[run_id] for n, u in self.remote.items() if run_id in u.runs}
+
+    def _foreign_live(self, run_id: str) -> dict[str, dict[str, AgentLive]]:
+        return {n: u.live[run_id] for n, u in self.remote.items() if run_id in u.live}
 
     def unit(self, name: str) -> Unit:
         """The owned unit ``name``, created empty if new (assigned, or first event in process)."""
@@ -180,6 +186,8 @@ class Pipeline:
             self.remote.pop(name, None)
             for run in self.runs.values():
                 run.foreign.pop(name, None)
+                if run.terminal is None:  # a done run's part is not rebuilt here
+                    run.foreign_live.pop(name, None)
         return unit
 
     def release(self, name: str) -> None:
@@ -198,6 +206,9 @@ class Pipeline:
             foreign = self._foreign(run.run_id)
             if foreign != run.foreign:  # a peer consumed some: the run is alive
                 run.foreign, run.seen = foreign, now
+            live = self._foreign_live(run.run_id)
+            # a done run's parts leave their owners' records: keep what they last said
+            run.foreign_live = live if run.terminal is None else run.foreign_live | live
 
     def positions(self) -> dict[str, int]:
         """The next offset to consume per unit, owned or (as last heard) a peer's."""
@@ -260,6 +271,8 @@ class Pipeline:
                         self._reject(kind, "unknown-run", raw, detail)
                         return None
                     self.run(run_id).finished = True
+                else:
+                    self.run(run_id).attempt_failed(control)
         except (ValidationError, RewardstreamError, ValueError) as exc:
             self._reject(kind, reject_reason(exc), raw, " ".join(str(exc).split())[:500])
             return None

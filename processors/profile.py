@@ -830,10 +830,13 @@ class TaskFigures(NamedTuple):
     passes: dict[int, tuple[float, int]]
 
 
-def live_figures(states: Sequence[ProfileState]) -> dict[str, TaskFigures]:
+def live_figures(
+    states: Sequence[ProfileState], ks: Callable[[int], list[int]] = live_ks
+) -> dict[str, TaskFigures]:
     """Per agent (the rollout events' agent), the :class:`TaskFigures` of the unmasked results
-    with a numeric reward in ``states``. Tasks never span states (each is one partition's),
-    so the states' results are put side by side, not merged."""
+    with a numeric reward in ``states``, with pass@k for ``ks(most rollouts of a task)``. Tasks
+    never span states (each is one partition's), so the states' results are put side by side,
+    not merged."""
     found: dict[str, list[tuple[I64, I64, npt.NDArray[np.float64]]]] = {}
     for state in states:
         if not state.num_results:
@@ -863,6 +866,6 @@ def live_figures(states: Sequence[ProfileState]) -> dict[str, TaskFigures]:
             difficulty(task, reward),
             [int(np.sum(means <= edge)) for edge in EDGES] + [len(means)],
             float(means.sum()),
-            pass_at_k_sums(task, reward, live_ks(max_k)),
+            pass_at_k_sums(task, reward, ks(max_k)),
         )
     return out

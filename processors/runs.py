@@ -23,6 +23,7 @@ growth this avoids.
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import time
@@ -33,8 +34,10 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import orjson
 
-from rewardstream.contract import Input, Rollout, RunStarted
+from rewardstream.contract import AttemptFailed, Input, Rollout, RunStarted
 from rewardstream.errors import InvalidRow
+from rewardstream.processors.live import AgentLive, merge_agents, summarize
+from rewardstream.processors.passk import curve_ks
 from rewardstream.processors.profile import TaskFigures, live_figures
 from rewardstream.processors.state import LOCATOR_BITS, InfoBytes, ProfileState, row_key, row_names
 from rewardstream.processors.welford import RunningStats
@@ -213,6 +216,7 @@ class Final(NamedTuple):
     live: dict[str, RunningStats]
 
 
+FIGURES_EVERY = 2.0  # seconds between a part's task figures in its live summary
 _INFO_CHUNK = 1 << 20  # rollout_infos bytes a part holds before it moves them to its spill
 
 
@@ -231,6 +235,8 @@ class Part:
         self._keys: _KeySet | _EveryKey = _KeySet()
         self._spill_path = spill_path
         self.spill: Spill | None = None  # opened by the first event
+        # (rollouts, when) of the task figures in the summary, and the figures
+        self._figures: tuple[int, float, dict[str, TaskFigures]] = (0, -math.inf, {})
 
     def _spill(self) -> Spill:
         if self.spill is None:
@@ -249,11 +255,24 @@ class Part:
         """Per-agent running moments (as they were at retirement, once retired)."""
         return self.state.live() if self.final is None else self.final.live
 
+    def summary(self, now: float, figures: bool = True) -> dict[str, AgentLive]:
+        """Per agent, this part's live summary for the whole-run view: the moments as they are,
+        the task figures (a pass over the part's results) computed again at most every
+        :data:`FIGURES_EVERY` seconds (``now``: :func:`time.monotonic`) while rollouts come,
+        and not at all without ``figures`` (the last ones are used)."""
+        seen, at, _ = self._figures
+        stale = self.rollouts != seen and now - at >= FIGURES_EVERY
+        if figures and self.final is None and stale:
+            self._figures = (self.rollouts, now, live_figures([self.state], curve_ks))
+        return summarize(self.live(), self._figures[2])
+
     def retire(self, tasks: int) -> None:
         """Drop the state, keys and spill file (the run's final profile is written): keep the
-        counts, the ``tasks`` it completed and its live moments."""
+        counts, the ``tasks`` it completed, its live moments and task figures."""
         if self.final is not None:
             return
+        if self.rollouts != self._figures[0]:
+            self._figures = (self.rollouts, 0.0, live_figures([self.state], curve_ks))
         self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
         self.state, self._keys = ProfileState(), _EveryKey()
         self.delete()
@@ -380,7 +399,25 @@ class Run:
         self._failed_at: tuple[int, int] | None = None  # (inputs, rollouts) when it failed
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
         self.foreign: dict[str, Counts] = {}  # unit name -> counts, units other processors own
+        # unit name -> per agent its part's summary, units other processors own (kept once the
+        # run is done: their records drop it)
+        self.foreign_live: dict[str, dict[str, AgentLive]] = {}
         self._figures: tuple[int, dict[str, TaskFigures]] = (0, {})  # (rollouts, figures)
+        # agent ("" for none) -> failure class -> failed attempts (every processor reads them
+        # all: control events), and the (task, rollout, attempt) seen, each counted once
+        self.failures: dict[str, dict[str, int]] = {}
+        self._failed: set[tuple[int, int, int]] = set()
+
+    def attempt_failed(self, event: AttemptFailed) -> None:
+        key = (event.task, event.rollout, event.attempt)
+        if key not in self._failed:
+            self._failed.add(key)
+            classes = self.failures.setdefault(event.agent or "", {})
+            classes[event.failure_class] = classes.get(event.failure_class, 0) + 1
+
+    @property
+    def failed_attempts(self) -> int:
+        return sum(n for classes in self.failures.values() for n in classes.values())
 
     @property
     def expected(self) -> int | None:
@@ -439,6 +476,13 @@ class Run:
             for agent, stats in part.live().items():
                 merged.setdefault(agent, RunningStats()).merge(stats)
         return merged
+
+    def whole(self, now: float, figures: bool = True) -> dict[str, AgentLive]:
+        """Per agent, the whole run's live summary: this process's parts and, as last heard,
+        its peers' (see :mod:`rewardstream.processors.live`; ``figures``: as in
+        :meth:`Part.summary`)."""
+        mine = [p.summary(now, figures) for p in self.parts.values()]
+        return merge_agents([*mine, *self.foreign_live.values()])
 
     def task_figures(self) -> dict[str, TaskFigures]:
         """Per agent, task difficulty and pass@k sums over this process's parts (see

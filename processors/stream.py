@@ -64,6 +64,7 @@ from rewardstream.engine_contract import (
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import make_app, serve
+from rewardstream.processors.live import AgentLive
 from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
 from rewardstream.processors.pipeline import EventKind, Late, Pipeline, Rejected, RemoteUnit
 from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
@@ -428,13 +429,17 @@ class StreamProcessor:
     # -- members ------------------------------------------------------------------------------
     def _record(self) -> MemberRecord:
         units = {}
+        now = time.monotonic()
         for name, unit in self.pipeline.units.items():
-            runs = {
-                run_id: (part.inputs, part.rollouts)
-                for run_id, part in unit.parts.items()
-                if part.final is None
-            }
-            units[name] = UnitProgress(position=unit.position, runs=runs)
+            held = {run_id: part for run_id, part in unit.parts.items() if part.final is None}
+            units[name] = UnitProgress(
+                position=unit.position,
+                runs={run_id: (part.inputs, part.rollouts) for run_id, part in held.items()},
+                live={
+                    run_id: {agent: s.to_wire() for agent, s in part.summary(now).items()}
+                    for run_id, part in held.items()
+                },
+            )
         generation = self._data._coordinator.generation if self._data is not None else -1
         return MemberRecord(
             prefix=self.prefix,
@@ -503,6 +508,10 @@ class StreamProcessor:
                 name: RemoteUnit(
                     record.units[name].position,
                     {r: Counts(*c) for r, c in record.units[name].runs.items()},
+                    {
+                        r: {agent: AgentLive.from_wire(p) for agent, p in agents.items()}
+                        for r, agents in record.units[name].live.items()
+                    },
                 )
                 for name, record in owners.items()
                 if record.member != self.member and name not in self.pipeline.units

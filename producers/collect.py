@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -51,7 +52,16 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
 from rewardstream.command import override_command
-from rewardstream.contract import BadEvent, RunFinished, RunStarted, Topics, checked, encode
+from rewardstream.contract import (
+    AttemptFailed,
+    BadEvent,
+    ControlEvent,
+    RunFinished,
+    RunStarted,
+    Topics,
+    checked,
+    encode,
+)
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.gym_servers.client import JsonClient
 from rewardstream.jsonl import parse_line
@@ -554,7 +564,7 @@ class _Collector:
             if not isinstance(outcome, _Failure):
                 await self.result(outcome, row)
                 return
-            self.failure(outcome.stamp(row))
+            await self.failure(outcome.stamp(row))
             attempt += 1
             if outcome.terminal or attempt >= self.attempts:
                 return
@@ -562,10 +572,13 @@ class _Collector:
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))
             row = row | {"_ng_attempt_index": attempt}
 
-    def failure(self, failed: dict[str, Any]) -> None:
+    async def failure(self, failed: dict[str, Any]) -> None:
+        """Write a failed attempt's sidecar row; then publish it (the live failure rate)."""
         line = orjson.dumps(failed, option=orjson.OPT_APPEND_NEWLINE)
         _write_line(self._failures, self.paths.failures, line)
         self.failed += 1
+        if self.sink is not None:
+            await _control(self.sink, _failed_event(failed, self.run_id))
 
     async def result(self, result: dict[str, Any], row: dict[str, Any]) -> None:
         """Stamp (spec §1.5), route, write and flush one result; then publish it."""
@@ -577,7 +590,7 @@ class _Collector:
         if result.get("_ng_no_persist"):
             return
         if result.get("_ng_failure_class") is not None:
-            self.failure(result)
+            await self.failure(result)
             return
         line = orjson.dumps(result, option=orjson.OPT_APPEND_NEWLINE)
         _write_line(self._results, self.paths.rollouts, line)
@@ -628,7 +641,24 @@ async def _all(coros: Iterator[Coroutine[Any, Any, None]]) -> None:
         raise
 
 
-async def _control(sink: EventSink, event: RunStarted | RunFinished) -> None:
+def _failed_event(failed: dict[str, Any], run_id: str) -> AttemptFailed:
+    """The wire event of a sidecar row (an agent's own ``_ng_failure_class`` that is not a word
+    is sent as ``other``)."""
+    cls = failed.get("_ng_failure_class")
+    word = isinstance(cls, str) and re.fullmatch(r"\w{1,64}", cls) is not None
+    agent = _agent(failed)
+    return AttemptFailed(
+        run_id=run_id,
+        task=failed["_ng_task_index"],
+        rollout=failed["_ng_rollout_index"],
+        attempt=failed.get("_ng_attempt_index") or 0,
+        agent=agent or None,
+        failure_class=cls if word and isinstance(cls, str) else "other",
+        terminal=bool(failed.get("_ng_failure_terminal")),
+    )
+
+
+async def _control(sink: EventSink, event: ControlEvent) -> None:
     await sink.send("control", event.run_id.encode(), encode(event))
 
 

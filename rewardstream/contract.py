@@ -12,15 +12,16 @@ flags and values, its ``rollout_infos`` entry, its mask flag): extraction happen
 full row is, and the processor only appends numbers. The full row stays in rollouts.jsonl.
 
 Each event is defined once, as a msgspec struct (:class:`Input`, :class:`Rollout`,
-:class:`RunStarted`, :class:`RunFinished`) that is at the same time its schema (the rules are
-its field types; ``msgspec.json.schema(Rollout)`` writes them as JSON Schema), the type the
-processor applies, and what :func:`encode` writes. Decoding is on the processor's hot path:
-msgspec's compiled decoder parses and checks a rollout event in one pass. JSON itself is read
-by the batch reader's rules (spec §0.2: NaN/Infinity rejected, ints beyond 64 bits become
-floats): those are orjson's, so an event msgspec rejects is parsed again by orjson, whose error
-(``not-json``, ``non-finite-number``) comes first, and ``record.info``, which the record keeps
-as bytes, is checked and written canonical by orjson. Encoding is orjson's too: its bytes are
-the producers' since schema 2 (msgspec writes ``1e16`` where orjson writes ``1e+16``).
+:class:`RunStarted`, :class:`RunFinished`, :class:`AttemptFailed`) that is at the same time its
+schema (the rules are its field types; ``msgspec.json.schema(Rollout)`` writes them as JSON
+Schema), the type the processor applies, and what :func:`encode` writes. Decoding is on the
+processor's hot path: msgspec's compiled decoder parses and checks a rollout event in one pass.
+JSON itself is read by the batch reader's rules (spec §0.2: NaN/Infinity rejected, ints beyond
+64 bits become floats): those are orjson's, so an event msgspec rejects is parsed again by
+orjson, whose error (``not-json``, ``non-finite-number``) comes first, and ``record.info``,
+which the record keeps as bytes, is checked and written canonical by orjson. Encoding is
+orjson's too: its bytes are the producers' since schema 2 (msgspec writes ``1e16`` where orjson
+writes ``1e+16``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "REJECT_REASONS",
     "SCHEMA_VERSION",
+    "AttemptFailed",
     "BadEvent",
     "ControlEvent",
     "Event",
@@ -293,18 +295,40 @@ class RunFinished(_Event, kw_only=True):
     type: Literal["run_finished"] = "run_finished"
 
 
-Event = Input | Rollout | RunStarted | RunFinished
-ControlEvent = RunStarted | RunFinished
-_E = TypeVar("_E", Input, Rollout, RunStarted, RunFinished)
-_CONTROL: dict[object, type[RunStarted | RunFinished]] = {
+class AttemptFailed(_Event, kw_only=True):
+    """An attempt at a rollout failed (``type: "attempt_failed"``): the collector's
+    ``_failures.jsonl`` row, counted live (the failure rate), never a result.
+
+    - ``task``, ``rollout``: the row's key; ``attempt``: its 0-based attempt index (a
+      redelivered event, same key and attempt, counts once);
+    - ``agent``: its agent's name (null or absent: none);
+    - ``failure_class``: ``agent_request_failed`` (no reply) or ``agent_run_error`` (an error
+      reply), or another word; ``terminal``: no attempt follows.
+    """
+
+    type: Literal["attempt_failed"] = "attempt_failed"
+    task: _Int64
+    rollout: _Int64
+    attempt: _Count = 0
+    agent: str | None = None
+    failure_class: Annotated[str, Meta(pattern=r"^\w{1,64}$")]
+    terminal: bool = False
+
+
+Event = Input | Rollout | RunStarted | RunFinished | AttemptFailed
+ControlEvent = RunStarted | RunFinished | AttemptFailed
+_E = TypeVar("_E", Input, Rollout, RunStarted, RunFinished, AttemptFailed)
+_CONTROL: dict[object, type[ControlEvent]] = {
     "run_started": RunStarted,
     "run_finished": RunFinished,
+    "attempt_failed": AttemptFailed,
 }
 _ID_FIELDS: dict[type[_Event], tuple[str, ...]] = {
     Input: ("run_id",),
     Rollout: ("run_id", "task", "rollout"),
     RunStarted: ("run_id",),
     RunFinished: ("run_id",),
+    AttemptFailed: ("run_id", "task", "rollout"),
 }
 assert RolloutRecord.__struct_fields__ == ResultRecord._fields  # field for field
 
@@ -398,7 +422,7 @@ def decode_inputs(raws: Sequence[bytes]) -> list[Input] | None:
         return None
 
 
-def decode_control(raw: bytes) -> RunStarted | RunFinished:
+def decode_control(raw: bytes) -> ControlEvent:
     """Raises ``ValueError`` for a bad event, as :func:`decode_input` does."""
     event = orjson.loads(raw)
     kind = event.get("type") if type(event) is dict else None
@@ -501,6 +525,7 @@ _DECODERS: dict[type[_Event], Callable[[bytes], _Event]] = {
     Rollout: decode_rollout,
     RunStarted: decode_control,
     RunFinished: decode_control,
+    AttemptFailed: decode_control,
 }
 
 

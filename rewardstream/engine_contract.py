@@ -42,6 +42,7 @@ from rewardstream.names import RUN_ID, STEM, fits_a_name
 __all__ = [
     "CHUNK_BYTES",
     "ENGINE_VERSION",
+    "AgentProgress",
     "EngineTopics",
     "FileRef",
     "FinalRecord",
@@ -94,13 +95,31 @@ class _Record(BaseModel):
     group: StrictStr
 
 
+class AgentProgress(BaseModel):
+    """One agent's live figures in one unit's part of a run, for the whole-run view any
+    processor shows (:mod:`rewardstream.processors.live`): ``reward`` is [count, mean, sum of
+    squared deviations, min, max] (None where not finite), ``tasks`` [tasks, single, scored,
+    zero variance], ``histogram`` the per-task mean reward counts per bin then below and
+    above, ``passes`` per k [sum of pass@k, tasks with k rollouts or more]."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rollouts: int
+    reward: tuple[int, float | None, float | None, float | None, float | None] | None
+    tasks: tuple[int, int, int, int]
+    histogram: Annotated[list[int], Field(min_length=12, max_length=12)]
+    passes: dict[str, tuple[float, int]]
+
+
 class UnitProgress(BaseModel):
-    """One owned unit: the next offset to consume, and per run [inputs, rollouts] held."""
+    """One owned unit: the next offset to consume, per run [inputs, rollouts] held, and per run
+    and agent the live figures of its part."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     position: Annotated[int, Field(ge=0)]
     runs: dict[str, tuple[int, int]]
+    live: dict[str, dict[str, AgentProgress]] = {}
 
 
 class MemberRecord(_Record):

@@ -1,8 +1,8 @@
 """``rewardstream watch``: a processor's runs as a live table in the terminal (for SSH).
 
-It polls the processor's ``/runs`` and ``/runs/<id>`` (the same figures the page and
-``/metrics`` show) and redraws one table per poll with rich: per run its state, rollouts of
-expected, rate and ETA (from the last two polls), and per agent the rollouts, the reward's
+It polls the processor's ``/runs`` and ``/runs/<id>`` (the whole run, as the page shows it)
+and redraws one table per poll with rich: per run its state, rollouts of expected, rate and
+ETA (from the last two polls), failed attempts, and per agent the rollouts, the reward's
 mean, std, min and max, the share of zero-variance tasks and pass@k. A processor that cannot
 be reached is said in the table's caption, and watching goes on; ``--once`` prints one table
 and exits (2 when the processor cannot be reached).
@@ -55,10 +55,16 @@ def _eta(run: dict[str, Any], rate: float | None) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(seconds))
 
 
+def _failed(run: dict[str, Any]) -> str:
+    count, rate = run.get("failed_attempts", 0), run.get("failure_rate")
+    return str(count) if rate is None else f"{count} ({100 * rate:.1f}%)"
+
+
 def render(runs: list[dict[str, Any]], rates: dict[str, float | None], caption: str) -> Group:
     """The runs table and, per run, its agents' table."""
     overview = Table(title="rewardstream runs", caption=caption, expand=False)
-    for column in ("run", "state", "rollouts", "expected", "rate/s", "ETA", "dup. dropped"):
+    columns = ("run", "state", "rollouts", "expected", "rate/s", "ETA", "failed", "dup. dropped")
+    for column in columns:
         overview.add_column(column, justify="left" if column in ("run", "state") else "right")
     parts: list[Table] = [overview]
     for run in runs:
@@ -70,6 +76,7 @@ def render(runs: list[dict[str, Any]], rates: dict[str, float | None], caption: 
             str(run.get("expected_rollouts") or "-"),
             "-" if rate is None else f"{rate:,.0f}",
             _eta(run, rate),
+            _failed(run),
             str(run.get("duplicates_dropped", 0)),
         )
         agents = Table(title=f"{run['run_id']}: agents", expand=False)

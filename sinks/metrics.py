@@ -93,9 +93,18 @@ class _LiveCollector(Collector):
             "1 once the run has its final profile (written by any processor of the group)",
             labels=["run_id"],
         )
+        failed = CounterMetricFamily(
+            "rewardstream_failed_attempts",
+            "failed attempts at rollouts the collector reported (every processor reads them "
+            "all: max by run_id, not sum)",
+            labels=["run_id", "agent", "failure_class"],
+        )
         for run_id, run in self._runs().items():
             if run.terminal is not None and run.terminal.evicted:
                 continue  # abandoned: its series go (README, --evict-after)
+            for agent, classes in run.failures.items():
+                for failure_class, n in classes.items():
+                    failed.add_metric([run_id, agent, failure_class], n)
             for agent, live in run.live().items():
                 reward = live.columns.get("reward")
                 if reward is None or reward.count == 0:
@@ -122,6 +131,7 @@ class _LiveCollector(Collector):
         yield completion
         yield tasks
         yield done
+        yield failed
         yield from _task_families(
             {
                 run_id: run.task_figures()

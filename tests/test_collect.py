@@ -20,6 +20,7 @@ from rewardstream.cli import ng_reward_profile
 from rewardstream.contract import Topics
 from rewardstream.kafka_local import free_port
 from rewardstream.overrides import parse_overrides
+from rewardstream.processors.page import LiveView
 from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.collect import CollectConfig, CollectionFailed, collect, main, run
 from rewardstream.producers.materialize import materialize
@@ -379,6 +380,43 @@ async def test_flaky_server_is_retried_and_recorded(fake_agent: Any, tmp_path: P
     assert {r["_ng_attempt_index"] for r in results} == {1}
     assert all(r["reward"] == 1.0 for r in results)
     assert len(read_jsonl(tmp_path / "r_failures.jsonl")) == 4
+
+
+@pytest.mark.kafka
+async def test_failed_attempts_are_streamed_and_counted_once(
+    fake_agent: Any, kafka_bootstrap: str, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Every sidecar row is an ``attempt_failed`` event: the processor counts them per agent
+    and class, and the page shows the failure rate."""
+
+    def flaky(row: dict[str, Any], n: int) -> web.Response:
+        return web.Response(status=503) if n == 1 else _ok(row)
+
+    _, url = await fake_agent(flaky)
+    topics = Topics.for_prefix(unique_name("failed"))
+    processor = StreamProcessor(kafka_bootstrap, tmp_path / "profiles", topics)
+    stop = asyncio.Event()
+    task = asyncio.create_task(processor.run(stop))
+    try:
+        kafka = {
+            "kafka_bootstrap_servers": kafka_bootstrap,
+            "kafka_topic_prefix": topics.inputs.rsplit(".", 1)[0],
+            "kafka_wait_profile": True,
+            "kafka_wait_profile_timeout_s": 60,
+        }
+        cfg = _config(tmp_path, url, **kafka)
+        report = await collect(cfg)
+        assert (report.completed, report.failed) == (4, 4)
+        run = processor.pipeline.runs[report.run_id]
+        agent = "arithmetic_simple_agent"
+        assert run.failures == {agent: {"agent_run_error": 4}}
+        view = LiveView(processor.pipeline).detail(run)
+        assert (view["failed_attempts"], view["failure_rate"]) == (4, 0.5)
+        assert view["agents"][agent]["failed_attempts"] == {"agent_run_error": 4}
+        assert view["agents"][agent]["failure_rate"] == 0.5
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
 
 
 async def test_run_id_names_the_collection(fake_agent: Any, tmp_path: Path) -> None:

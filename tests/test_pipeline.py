@@ -208,7 +208,7 @@ def test_a_run_first_seen_after_the_peers_were_heard_still_counts_their_parts(
         counts = Counts(
             sum(1 for k, _ in odd if k == "input"), sum(1 for k, _ in odd if k == "rollout")
         )
-        leader.set_remote({"rollout-1": RemoteUnit(50, {"run": counts})})  # before the run
+        leader.set_remote({"rollout-1": RemoteUnit(50, {"run": counts}, {})})  # before the run
         _feed(leader, [e for e in data if _task(e[1]) % 2 == 0] + events[-1:])
         run = leader.runs["run"]
         assert (run.rollouts, run.inputs) == (120, 120) and run.complete

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 import rewardstream.producers.cli
 from rewardstream.batch import load_state
 from rewardstream.contract import (
+    ControlEvent,
     Input,
     Rollout,
     RunFinished,
@@ -327,7 +328,7 @@ def inputs_for(path: Path, tasks: int, repeats: int = 2) -> Path:
     return path
 
 
-async def control_events(bootstrap: str, topics: Topics) -> list[RunStarted | RunFinished]:
+async def control_events(bootstrap: str, topics: Topics) -> list[ControlEvent]:
     return [decode_control(r.value) for r in await read_all(bootstrap, topics.control, 1)]
 
 

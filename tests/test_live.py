@@ -1,0 +1,102 @@
+"""Whole-run live summaries (:mod:`rewardstream.processors.live`): the summaries of a run's
+parts, merged, equal the summary of the run held in one part; they survive the member record's
+wire form; failed attempts are counted once each; the history stays bounded."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import orjson
+
+from rewardstream.contract import AttemptFailed, encode
+from rewardstream.engine_contract import AgentProgress
+from rewardstream.processors.live import AgentLive, History
+from rewardstream.processors.pipeline import Pipeline
+from rewardstream.processors.runs import FIGURES_EVERY
+from tests.golden import file_events, generated_collection
+
+
+def _pipeline(tmp_path: Path, name: str, units: int) -> Pipeline:
+    """A generated run fed into ``units`` units, split by task as Kafka partitions it."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=60, repeats=5, seed=3)
+    pipeline = Pipeline(tmp_path / name)
+    for kind, raw in file_events(inputs, rollouts, "r", "r", False):
+        if kind == "control":
+            pipeline.handle(kind, raw)
+            continue
+        body = orjson.loads(raw)
+        task = body["task"] if kind == "rollout" else body["row"]["_ng_task_index"]
+        pipeline.handle(kind, raw, f"{kind}-{task % units}")
+    return pipeline
+
+
+def _close(a: AgentLive, b: AgentLive) -> None:
+    assert (a.rollouts, a.tasks, a.single, a.scored, a.zero_variance) == (
+        b.rollouts,
+        b.tasks,
+        b.single,
+        b.scored,
+        b.zero_variance,
+    )
+    assert (a.histogram, a.below, a.above) == (b.histogram, b.below, b.above)
+    assert a.reward.count == b.reward.count
+    for field in ("mean", "m2", "min", "max"):
+        assert math.isclose(getattr(a.reward, field), getattr(b.reward, field), rel_tol=1e-12)
+    assert a.passes.keys() == b.passes.keys()
+    for k, (total, n) in a.passes.items():
+        assert n == b.passes[k][1] and math.isclose(total, b.passes[k][0], rel_tol=1e-12)
+
+
+def test_parts_merged_equal_the_run_in_one_part(tmp_path: Path) -> None:
+    with _pipeline(tmp_path, "one", 1) as one, _pipeline(tmp_path, "four", 4) as four:
+        whole, merged = one.runs["r"].whole(0.0), four.runs["r"].whole(0.0)
+        assert len(four.runs["r"].parts) == 8  # inputs and rollouts of four units
+        assert whole.keys() == merged.keys() and len(whole) == 3
+        for agent in whole:
+            _close(whole[agent], merged[agent])
+            assert whole[agent].tasks == 20 and whole[agent].passes[4][1] == 20
+
+
+def test_a_summary_survives_the_member_record(tmp_path: Path) -> None:
+    with _pipeline(tmp_path, "one", 1) as one:
+        for live in one.runs["r"].whole(0.0).values():
+            wire = AgentProgress.model_validate_json(orjson.dumps(live.to_wire().model_dump()))
+            _close(AgentLive.from_wire(wire), live)
+
+
+def test_figures_are_computed_again_at_most_every_few_seconds(tmp_path: Path) -> None:
+    with _pipeline(tmp_path, "one", 1) as one:
+        part = one.runs["r"].parts["rollout-0"]
+        first = part.summary(100.0)
+        part._figures = (0, 100.0, part._figures[2])  # as if rollouts came since
+        assert part.summary(100.0 + FIGURES_EVERY / 2) == first  # the same figures, kept
+        assert part._figures[0] == 0
+        part.summary(100.0 + FIGURES_EVERY)
+        assert part._figures[0] == part.rollouts
+
+
+def test_failed_attempts_count_once_each(tmp_path: Path) -> None:
+    with _pipeline(tmp_path, "one", 1) as pipeline:
+        events = [
+            AttemptFailed(run_id="r", task=1, rollout=0, agent="a", failure_class="x"),
+            AttemptFailed(run_id="r", task=1, rollout=0, attempt=1, agent="a", failure_class="x"),
+            AttemptFailed(run_id="r", task=2, rollout=0, failure_class="agent_request_failed"),
+        ]
+        for event in [*events, events[0]]:  # redelivered: once
+            pipeline.handle("control", encode(event))
+        run = pipeline.runs["r"]
+        assert run.failures == {"a": {"x": 2}, "": {"agent_request_failed": 1}}
+        assert run.failed_attempts == 3
+        bad = orjson.dumps(orjson.loads(encode(events[0])) | {"failure_class": "no spaces"})
+        assert pipeline.handle("control", bad) is None  # rejected with its reason
+
+
+def test_history_is_bounded_and_thinned() -> None:
+    history = History(every=1.0, limit=10)
+    assert history.add(0.0, {"rollouts": 0}) and not history.add(0.5, {"rollouts": 1})
+    for t in range(1, 100):
+        history.add(float(t), {"rollouts": t})
+    assert len(history.points) <= 10 and history.every > 1.0
+    ats = [p["at"] for p in history.points]
+    assert ats == sorted(ats) and ats[0] == 0.0 and ats[-1] >= 90

@@ -1,0 +1,230 @@
+"""The live page in a real browser (Debian's headless Chromium, driven by selenium with the
+system driver) against a real processor fed through a real broker: it shows the run, its agents,
+the rollout count and per-agent mean reward equal to ``/runs/<id>`` and to a snapshot; it updates
+itself as rollouts arrive (no reload); its download button gives the final files. And with two
+processors, each on a private disk, each one's ``/runs/<id>`` is the whole run.
+
+``REWARDSTREAM_SCREENSHOTS=docs`` also saves the screenshots the README shows into ``docs/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+import os
+import shutil
+import time
+import urllib.request
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+from rewardstream.contract import Topics
+from rewardstream.processors.page import HISTORY_EVERY
+from tests.golden import file_events, generated_collection
+from tests.processes import Processor, make_topics, send_events
+
+pytestmark = pytest.mark.kafka
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def _detail(url: str, run_id: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/runs/{run_id}", timeout=10) as r:
+        detail: dict[str, Any] = orjson.loads(r.read())
+    return detail
+
+
+@pytest.fixture
+def browser() -> Iterator[webdriver.Chrome]:
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert binary and driver, "chromium and chromium-driver are needed (.ci/system-deps)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1500,1500"):
+        options.add_argument(flag)
+    chrome = webdriver.Chrome(options=options, service=Service(driver))  # no driver download
+    try:
+        yield chrome
+    finally:
+        chrome.quit()  # the browser and its driver: no process left behind
+
+
+def _page(chrome: webdriver.Chrome) -> dict[str, Any]:
+    """What the page shows: each run row's fields, and each agent row's (``data-value``, the
+    exact number behind the rounded text)."""
+    script = """
+      const rows = (sel, key) => Object.fromEntries([...document.querySelectorAll(sel)].map(
+        (tr) => [tr.dataset[key], Object.fromEntries([...tr.cells].filter((c) => c.dataset.field)
+          .map((c) => [c.dataset.field, c.dataset.value ?? c.textContent]))]));
+      return {runs: rows('#runs tbody tr', 'run'), agents: rows('#agents tbody tr', 'agent'),
+              status: document.querySelector('#status').textContent,
+              download: document.querySelector('#download').getAttribute('href'),
+              label: document.querySelector('#download').textContent,
+              marker: window.__marker ?? null};
+    """
+    shown: dict[str, Any] = chrome.execute_script(script)
+    return shown
+
+
+def _matches(shown: dict[str, Any], detail: dict[str, Any]) -> bool:
+    run = shown["runs"].get(detail["run_id"])
+    if run is None or int(run["rollouts"]) != detail["rollouts"] or run["state"] != detail["state"]:
+        return False
+    if set(shown["agents"]) != set(detail["agents"]):
+        return False
+    for name, agent in detail["agents"].items():
+        row = shown["agents"][name]
+        if int(row["rollouts"]) != agent["rollouts"]:
+            return False
+        if float(row["mean"]) != agent["reward"]["mean"]:  # JS prints the shortest round trip
+            return False
+    return True
+
+
+def _until(chrome: webdriver.Chrome, url: str, run_id: str, state: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while True:
+        detail = _detail(url, run_id)
+        shown = _page(chrome)
+        if detail["state"] == state and _matches(shown, detail):
+            return shown
+        assert time.monotonic() < deadline, (shown, detail)
+        time.sleep(0.3)
+
+
+def _rollouts(run_id: str, n: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda runs: bool(runs.get(run_id, {}).get("rollouts") == n)
+
+
+def _screenshot(chrome: webdriver.Chrome, folder: Path, name: str) -> None:
+    chrome.save_screenshot(str(folder / name))
+    if os.environ.get("REWARDSTREAM_SCREENSHOTS") == "docs":
+        DOCS.mkdir(exist_ok=True)
+        shutil.copy(folder / name, DOCS / name)
+
+
+def _agent_means(files: dict[str, bytes], stem: str) -> dict[str, float]:
+    rows = json.loads(files[f"{stem}_agent_metrics.json"])
+    return {row["agent_ref"]["name"]: row["mean/reward"] for row in rows}
+
+
+def test_the_page_shows_the_run_live_in_a_browser(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+    browser: webdriver.Chrome,
+) -> None:
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=200, repeats=4, seed=5)
+    prefix = unique_name("page")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
+    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / "processor.log")
+    processors.append(p)
+    events = file_events(inputs, rollouts, "live", "r", True)
+    data = [e for e in events if e[0] == "rollout"]
+    send_events(kafka_bootstrap, topics, [e for e in events if e[0] == "input"], "live")
+    send_events(kafka_bootstrap, topics, [events[-2]], "live")  # run_started
+    for n in (100, 200, 300):  # in steps, a history point each (and a rate)
+        send_events(kafka_bootstrap, topics, data[n - 100 : n], "live")
+        p.wait(_rollouts("live", n))
+        time.sleep(HISTORY_EVERY + 0.2)
+
+    browser.get(p.url + "/")
+    shown = _until(browser, p.url, "live", "open")
+    assert shown["status"].startswith("live"), shown
+    assert shown["label"] == "Download snapshot (.zip)"
+    with urllib.request.urlopen(p.url + shown["download"], timeout=60) as r:
+        snapshot = zipfile.ZipFile(io.BytesIO(r.read()))
+        assert r.headers["Content-Disposition"] == 'attachment; filename="r_snapshot.zip"'
+    files = {n: snapshot.read(n) for n in snapshot.namelist()}
+    detail = _detail(p.url, "live")
+    for agent, mean in _agent_means(files, "r").items():  # pandas' mean, our Welford
+        assert math.isclose(detail["agents"][agent]["reward"]["mean"], mean, rel_tol=1e-12)
+    browser.execute_script("window.__marker = 'no reload'")
+    _screenshot(browser, tmp_path, "page-running.png")
+
+    send_events(kafka_bootstrap, topics, [*data[300:], events[-1]], "live")
+    shown = _until(browser, p.url, "live", "final")  # pushed, not reloaded
+    assert shown["marker"] == "no reload"
+    assert shown["label"] == "Download final files (.zip)"
+    time.sleep(HISTORY_EVERY + 0.5)  # the last history point, drawn
+    _screenshot(browser, tmp_path, "page-finished.png")
+    with urllib.request.urlopen(p.url + shown["download"], timeout=60) as r:
+        final = zipfile.ZipFile(io.BytesIO(r.read()))
+    written = p.seen(tmp_path / "out" / "live")
+    for name in final.namelist():
+        assert final.read(name) == (written / name).read_bytes(), name
+
+    browser.get(p.url + "/runs/live")  # the run's own address: the same page, that run
+    _until(browser, p.url, "live", "final")
+    browser.get(p.url + "/runs/nope")
+    assert "unknown run_id" not in browser.page_source  # the page, which finds no such run
+
+
+def test_any_processor_shows_the_whole_run(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=120, repeats=4, seed=6)
+    prefix = unique_name("whole")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 4))
+    hosts = [
+        Processor(
+            kafka_bootstrap,
+            prefix,
+            tmp_path / "unused",
+            tmp_path / f"p{i}.log",
+            private_disk=tmp_path / f"host{i}",
+        )
+        for i in range(2)
+    ]
+    processors.extend(hosts)
+    deadline = time.monotonic() + 60
+    while not all(h.units() for h in hosts) or sum(len(h.units()) for h in hosts) != 8:
+        assert time.monotonic() < deadline, [h.units() for h in hosts]
+        time.sleep(0.2)
+    events = file_events(inputs, rollouts, "w", "r", False)
+    send_events(kafka_bootstrap, topics, events, "w")
+    for h in hosts:
+        h.wait(lambda runs: runs.get("w", {}).get("rollouts") == 480)
+
+    def settled() -> list[dict[str, Any]]:
+        deadline = time.monotonic() + 30
+        while True:
+            details = [_detail(h.url, "w") for h in hosts]
+            totals = [sum(a["rollouts"] for a in d["agents"].values()) for d in details]
+            if totals == [480, 480]:
+                return details
+            assert time.monotonic() < deadline, details
+            time.sleep(0.3)
+
+    one, other = settled()
+    assert one["agents"].keys() == other["agents"].keys()
+    for name, agent in one["agents"].items():
+        theirs = other["agents"][name]
+        assert agent["rollouts"] == theirs["rollouts"]
+        for key in ("mean", "std", "min", "max"):
+            assert math.isclose(agent["reward"][key], theirs["reward"][key], rel_tol=1e-12)
+        assert agent["tasks"] == theirs["tasks"] and agent["tasks"]["tasks"] > 0
+        assert agent["pass_at_k"].keys() == theirs["pass_at_k"].keys()
+    expected = {
+        r["agent_ref"]["name"]: r
+        for r in json.loads((inputs.parent / "r_agent_metrics.json").read_text())
+    }
+    for name, row in expected.items():
+        assert math.isclose(
+            one["agents"][name]["reward"]["mean"], row["mean/reward"], rel_tol=1e-12
+        )
+        assert math.isclose(one["agents"][name]["reward"]["std"], row["std/reward"], rel_tol=1e-9)
