@@ -1,10 +1,10 @@
 """Whole-run live summaries: what the page, ``watch`` and ``GET /runs/<id>`` show of a run.
 
 A processor holds only its units' parts of a run, so each part's summary (per agent: rollouts,
-reward moments, task difficulty counts, pass@k sums) travels in its member record
-(:class:`~rewardstream.engine_contract.AgentProgress`), and any processor merges its own parts'
-with its peers' to show the whole run: moments with Chan's merge, counts and sums by adding
-(a task lives in one partition, so the sets of tasks are disjoint). Pure, no I/O.
+reward moments, task difficulty counts, pass@k sums, reward by output tokens) travels in its
+member record (:class:`~rewardstream.engine_contract.AgentProgress`), and any processor merges
+its own parts' with its peers' to show the whole run: moments with Chan's merge, counts and sums
+by adding (a task lives in one partition, so the sets of tasks are disjoint). Pure, no I/O.
 
 Of :class:`~rewardstream.processors.difficulty.Difficulty`, the whole-run summary keeps what
 adds up: ``all_max``/``all_min`` depend on the group's extremes, which no part knows, and are
@@ -23,7 +23,7 @@ from typing import Any
 
 from rewardstream.engine_contract import AgentProgress
 from rewardstream.processors.difficulty import EDGES
-from rewardstream.processors.profile import TaskFigures
+from rewardstream.processors.profile import TOKEN_BINS, TaskFigures
 from rewardstream.processors.welford import Moments, RunningStats
 
 __all__ = ["AgentLive", "History", "merge_agents", "summarize"]
@@ -49,6 +49,7 @@ class AgentLive:
     below: int = 0
     above: int = 0
     passes: dict[int, tuple[float, int]] = field(default_factory=dict)
+    tokens: dict[int, tuple[int, float]] = field(default_factory=dict)
 
     def merge(self, other: AgentLive) -> None:
         """Add another, disjoint, set of parts."""
@@ -64,6 +65,9 @@ class AgentLive:
         for k, (total, n) in other.passes.items():
             mine = self.passes.get(k, (0.0, 0))
             self.passes[k] = (mine[0] + total, mine[1] + n)
+        for b, (n, total) in other.tokens.items():
+            held = self.tokens.get(b, (0, 0.0))
+            self.tokens[b] = (held[0] + n, held[1] + total)
 
     @classmethod
     def of(cls, stats: RunningStats, figures: TaskFigures | None) -> AgentLive:
@@ -76,6 +80,7 @@ class AgentLive:
             hist = d["mean_reward"]
             out.histogram, out.below, out.above = list(hist["counts"]), hist["below"], hist["above"]
             out.passes = dict(figures.passes)
+            out.tokens = dict(figures.tokens)
         return out
 
     def view(self) -> dict[str, Any]:
@@ -107,6 +112,17 @@ class AgentLive:
                 },
             },
             "pass_at_k": {str(k): 100.0 * t / n for k, (t, n) in sorted(self.passes.items()) if n},
+            # output tokens in [from, to): the rollouts there and their mean reward
+            "reward_by_output_tokens": [
+                {
+                    "from": 0 if b == 0 else 1 << (b - 1),
+                    "to": None if b == TOKEN_BINS - 1 else 1 << b,
+                    "rollouts": n,
+                    "mean": _finite(total / n),
+                }
+                for b, (n, total) in sorted(self.tokens.items())
+                if n
+            ],
         }
 
     def to_wire(self) -> AgentProgress:
@@ -119,6 +135,7 @@ class AgentLive:
             tasks=(self.tasks, self.single, self.scored, self.zero_variance),
             histogram=[*self.histogram, self.below, self.above],
             passes={str(k): v for k, v in self.passes.items()},
+            tokens={str(b): v for b, v in self.tokens.items()},
         )
 
     @classmethod
@@ -143,6 +160,7 @@ class AgentLive:
             below=below,
             above=above,
             passes={int(k): v for k, v in wire.passes.items()},
+            tokens={int(b): v for b, v in wire.tokens.items()},
         )
 
 

@@ -186,8 +186,7 @@ class Pipeline:
             self.remote.pop(name, None)
             for run in self.runs.values():
                 run.foreign.pop(name, None)
-                if run.terminal is None:  # a done run's part is not rebuilt here
-                    run.foreign_live.pop(name, None)
+                run.foreign_live.pop(name, None)
         return unit
 
     def release(self, name: str) -> None:
@@ -206,9 +205,7 @@ class Pipeline:
             foreign = self._foreign(run.run_id)
             if foreign != run.foreign:  # a peer consumed some: the run is alive
                 run.foreign, run.seen = foreign, now
-            live = self._foreign_live(run.run_id)
-            # a done run's parts leave their owners' records: keep what they last said
-            run.foreign_live = live if run.terminal is None else run.foreign_live | live
+            run.foreign_live = self._foreign_live(run.run_id)
 
     def positions(self) -> dict[str, int]:
         """The next offset to consume per unit, owned or (as last heard) a peer's."""

@@ -36,9 +36,11 @@ __all__ = [
     "build_profile",
     "live_figures",
     "sampled_rows",
+    "token_bin",
 ]
 
 I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 _STATS = ("mean", "max", "min", "median", "std")
 _NO_ACROSS_SUFFIXES = (
     *("/max", "/min", "/median", "/p5", "/p25", "/p75", "/p95", "/ci_low_95", "/ci_high_95"),
@@ -822,12 +824,31 @@ class TaskFigures(NamedTuple):
     """What is shown live of one agent's tasks in a run, over the states given (a processor's
     parts): task difficulty, the per-task mean reward as Prometheus histogram buckets
     (``mean_le[i]``: tasks whose mean is at most ``EDGES[i]``; the last, every task), and
-    pass@k sums for the bounded set of k (:func:`~rewardstream.processors.passk.live_ks`)."""
+    pass@k sums for the bounded set of k (:func:`~rewardstream.processors.passk.live_ks`);
+    and the reward by output tokens: per :func:`token_bin`, [rollouts, sum of their rewards]
+    (the results with an ``output_tokens`` column: the response's usage)."""
 
     difficulty: Difficulty
     mean_le: list[int]
     mean_sum: float
     passes: dict[int, tuple[float, int]]
+    tokens: dict[int, tuple[int, float]]
+
+
+TOKEN_BINS = 32  # bin 0: fewer than 1 token; bin b: [2**(b-1), 2**b); the last takes the rest
+
+
+def token_bin(tokens: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """The power-of-two bin of each output token count (see :data:`TOKEN_BINS`)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bins = np.where(tokens < 1, 0, np.floor(np.log2(np.maximum(tokens, 1))) + 1)
+    return np.minimum(bins, TOKEN_BINS - 1).astype(np.int64)
+
+
+def _column(state: ProfileState, name: str, schema: I64) -> I64:
+    """Per result, where column ``name`` sits among its values (-1: it has none)."""
+    where = [names.index(name) if name in names else -1 for names, _ in state.schemas]
+    return np.asarray(where, dtype=np.int64)[schema]
 
 
 def live_figures(
@@ -837,27 +858,32 @@ def live_figures(
     with a numeric reward in ``states``, with pass@k for ``ks(most rollouts of a task)``. Tasks
     never span states (each is one partition's), so the states' results are put side by side,
     not merged."""
-    found: dict[str, list[tuple[I64, I64, npt.NDArray[np.float64]]]] = {}
+    found: dict[str, list[tuple[I64, I64, F64, F64]]] = {}
     for state in states:
         if not state.num_results:
             continue
         schema = state.column(state.res_schema)
-        where = [names.index("reward") if "reward" in names else -1 for names, _ in state.schemas]
-        at = np.asarray(where, dtype=np.int64)[schema]
+        at, tok = _column(state, "reward", schema), _column(state, "output_tokens", schema)
         agent = state.column(state.res_agent)
         keep = (state.column(state.res_masked) == 0) & (agent >= 0) & (at >= 0)
         starts, _ = state.value_starts(schema)
-        reward = state.column(state.pool)[starts[keep] + at[keep]]
+        pool = state.column(state.pool)
+        reward = pool[starts[keep] + at[keep]]
+        tokens = np.where(tok[keep] >= 0, pool[starts[keep] + np.maximum(tok[keep], 0)], np.nan)
         task, rollout = state.column(state.res_task)[keep], state.column(state.res_rollout)[keep]
         ids = agent[keep]
         for ident in np.unique(ids).tolist():
             mine = ids == ident
             found.setdefault(state.names[ident], []).append(
-                (task[mine], rollout[mine], reward[mine])
+                (task[mine], rollout[mine], reward[mine], tokens[mine])
             )
     out = {}
     for name, pieces in sorted(found.items()):
-        task, rollout, reward = (np.concatenate(c) for c in zip(*pieces, strict=True))
+        task, rollout, reward, tokens = (np.concatenate(c) for c in zip(*pieces, strict=True))
+        has = ~np.isnan(tokens)
+        bins = token_bin(tokens[has])
+        counts = np.bincount(bins, minlength=TOKEN_BINS)
+        sums = np.bincount(bins, weights=reward[has], minlength=TOKEN_BINS)
         order = np.lexsort((rollout, task))
         task, reward = task[order], reward[order]
         means = task_means(task, reward)
@@ -867,5 +893,6 @@ def live_figures(
             [int(np.sum(means <= edge)) for edge in EDGES] + [len(means)],
             float(means.sum()),
             pass_at_k_sums(task, reward, ks(max_k)),
+            {b: (int(counts[b]), float(sums[b])) for b in np.flatnonzero(counts).tolist()},
         )
     return out

@@ -216,7 +216,8 @@ class Final(NamedTuple):
     live: dict[str, RunningStats]
 
 
-FIGURES_EVERY = 2.0  # seconds between a part's task figures in its live summary
+FIGURES_EVERY = 2.0  # seconds between a part's task figures in its live summary, at least
+FIGURES_COST = 20.0  # and this many times what the passes took (at most 5% of a core)
 _INFO_CHUNK = 1 << 20  # rollout_infos bytes a part holds before it moves them to its spill
 
 
@@ -237,6 +238,7 @@ class Part:
         self.spill: Spill | None = None  # opened by the first event
         # (rollouts, when) of the task figures in the summary, and the figures
         self._figures: tuple[int, float, dict[str, TaskFigures]] = (0, -math.inf, {})
+        self._figures_took = 0.0  # seconds the last pass took
 
     def _spill(self) -> Spill:
         if self.spill is None:
@@ -255,15 +257,19 @@ class Part:
         """Per-agent running moments (as they were at retirement, once retired)."""
         return self.state.live() if self.final is None else self.final.live
 
-    def summary(self, now: float, figures: bool = True) -> dict[str, AgentLive]:
+    def summary(self, now: float, figures: bool = True, sharing: int = 1) -> dict[str, AgentLive]:
         """Per agent, this part's live summary for the whole-run view: the moments as they are,
-        the task figures (a pass over the part's results) computed again at most every
-        :data:`FIGURES_EVERY` seconds (``now``: :func:`time.monotonic`) while rollouts come,
-        and not at all without ``figures`` (the last ones are used)."""
+        the task figures (a pass over the part's results) computed again, while rollouts come,
+        at most every :data:`FIGURES_EVERY` seconds (``now``: :func:`time.monotonic`) and every
+        :data:`FIGURES_COST` x ``sharing`` times what the last pass took (``sharing``: the
+        parts summarized alike, so that all of them together cost at most 5% of a core,
+        however large the state), and not at all without ``figures`` (the last ones)."""
         seen, at, _ = self._figures
-        stale = self.rollouts != seen and now - at >= FIGURES_EVERY
-        if figures and self.final is None and stale:
+        wait = max(FIGURES_EVERY, FIGURES_COST * sharing * self._figures_took)
+        if figures and self.final is None and self.rollouts != seen and now - at >= wait:
+            began = time.perf_counter()
             self._figures = (self.rollouts, now, live_figures([self.state], curve_ks))
+            self._figures_took = time.perf_counter() - began
         return summarize(self.live(), self._figures[2])
 
     def retire(self, tasks: int) -> None:
@@ -373,6 +379,7 @@ class Done(NamedTuple):
     cuts: dict[str, int]
     stem: str
     evicted: bool = False
+    agents: dict[str, AgentLive] | None = None  # per agent the final's figures, when told
 
 
 class Counts(NamedTuple):
@@ -399,8 +406,7 @@ class Run:
         self._failed_at: tuple[int, int] | None = None  # (inputs, rollouts) when it failed
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
         self.foreign: dict[str, Counts] = {}  # unit name -> counts, units other processors own
-        # unit name -> per agent its part's summary, units other processors own (kept once the
-        # run is done: their records drop it)
+        # unit name -> per agent its part's summary, units other processors own
         self.foreign_live: dict[str, dict[str, AgentLive]] = {}
         self._figures: tuple[int, dict[str, TaskFigures]] = (0, {})  # (rollouts, figures)
         # agent ("" for none) -> failure class -> failed attempts (every processor reads them
@@ -480,8 +486,11 @@ class Run:
     def whole(self, now: float, figures: bool = True) -> dict[str, AgentLive]:
         """Per agent, the whole run's live summary: this process's parts and, as last heard,
         its peers' (see :mod:`rewardstream.processors.live`; ``figures``: as in
-        :meth:`Part.summary`)."""
-        mine = [p.summary(now, figures) for p in self.parts.values()]
+        :meth:`Part.summary`); once done, its final record's, when that has them (exact, and
+        known to every processor, even one started after it)."""
+        if self.terminal is not None and self.terminal.agents is not None:
+            return merge_agents([self.terminal.agents])
+        mine = [p.summary(now, figures, len(self.parts)) for p in self.parts.values()]
         return merge_agents([*mine, *self.foreign_live.values()])
 
     def task_figures(self) -> dict[str, TaskFigures]:

@@ -64,9 +64,11 @@ from rewardstream.engine_contract import (
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import make_app, serve
-from rewardstream.processors.live import AgentLive
+from rewardstream.processors.live import AgentLive, summarize
 from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
+from rewardstream.processors.passk import curve_ks
 from rewardstream.processors.pipeline import EventKind, Late, Pipeline, Rejected, RemoteUnit
+from rewardstream.processors.profile import live_figures
 from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
 from rewardstream.sinks.files import ProfilePaths, write_files, write_final
 from rewardstream.sinks.metrics import Metrics
@@ -86,6 +88,9 @@ log = logging.getLogger(__name__)
 
 _MEMBER_EVERY = 0.5  # seconds between member records while something changed
 _MEMBER_RENEW = 5.0  # and at least this often
+# above this a member record goes without its live summaries: Kafka's default message limit is
+# 1 MiB, and a record is ~0.5 KB per partition, open run and agent
+_MEMBER_LIVE_BYTES = 512 << 10
 _BATCH = 10_000  # records per fetched batch
 _SLICE = 2_000  # records applied between two chances for the fetcher to run
 _GC_YOUNG = 50_000  # allocations between young collections while processing (CPython: 700)
@@ -158,6 +163,7 @@ class StreamProcessor:
         self.assigned_at: float | None = None  # time.monotonic() of the last partition assignment
         self.checkpoint_every = checkpoint_every
         self._members: dict[str, MemberRecord] = {}  # the group's latest record per member
+        self._live_dropped = False  # a record had to go without its live summaries
         self._owners: dict[str, MemberRecord] = {}  # unit -> the member that owns it
         self._moved: set[str] = set()  # units consumed since their last commit
         self._unplaced: set[str] = set()  # new units whose committed offset is not read yet
@@ -430,13 +436,20 @@ class StreamProcessor:
     def _record(self) -> MemberRecord:
         units = {}
         now = time.monotonic()
+        sharing = sum(  # every open part's figures, within one budget
+            part.final is None
+            for unit in self.pipeline.units.values()
+            for part in unit.parts.values()
+        )
         for name, unit in self.pipeline.units.items():
             held = {run_id: part for run_id, part in unit.parts.items() if part.final is None}
             units[name] = UnitProgress(
                 position=unit.position,
                 runs={run_id: (part.inputs, part.rollouts) for run_id, part in held.items()},
                 live={
-                    run_id: {agent: s.to_wire() for agent, s in part.summary(now).items()}
+                    run_id: {
+                        agent: s.to_wire() for agent, s in part.summary(now, True, sharing).items()
+                    }
                     for run_id, part in held.items()
                 },
             )
@@ -459,9 +472,19 @@ class StreamProcessor:
             if self._changed or now - last >= _MEMBER_RENEW:
                 self._changed = False
                 record = self._record()
-                await producer.send(
-                    self.engine_topics.members, encode_record(record), key=self.member.encode()
-                )
+                raw = encode_record(record)
+                if len(raw) > _MEMBER_LIVE_BYTES:  # many runs and agents: counts only
+                    if not self._live_dropped:
+                        log.warning(
+                            "member record of %d bytes: its live summaries are left out (peers "
+                            "show only their own share of these runs)",
+                            len(raw),
+                        )
+                    self._live_dropped = True
+                    bare = {n: u.model_copy(update={"live": {}}) for n, u in record.units.items()}
+                    record = record.model_copy(update={"units": bare})
+                    raw = encode_record(record)
+                await producer.send(self.engine_topics.members, raw, key=self.member.encode())
                 self._members[self.member] = record
                 last = now
             with contextlib.suppress(TimeoutError):
@@ -583,6 +606,7 @@ class StreamProcessor:
             {n: u.cut for n, u in record.units.items()},
             record.stem,
             record.state == "evicted",
+            {a: AgentLive.from_wire(w) for a, w in record.agents.items()} or None,
         )
         run = self.pipeline.runs.get(record.run_id)
         if run is None or run.terminal is None:
@@ -689,13 +713,17 @@ class StreamProcessor:
         files = [*paths, *(paths.extras() if aggregates is not None else [])]
         if run.error is not None:  # say so, keep serving
             return
-        del merged
+        # the whole run's figures, exact, for every processor's page once the run is done
+        state = merged.state
+        agents = summarize(state.live(), live_figures([state], curve_ks))
+        del merged, state
         counts = Pipeline.counts_by_unit(parts)
         record = self._terminal_record(
             run,
             state="final",
             stem=stem,
             partial=partial,
+            agents={agent: s.to_wire() for agent, s in agents.items()},
             inputs=sum(c.inputs for c in counts.values()),
             rollouts=sum(c.rollouts for c in counts.values()),
             units={

@@ -164,13 +164,6 @@ async def _publish(args: argparse.Namespace) -> PublishReport:
         refuse_inputs(ProfilePaths.next_to(args.rollouts), given)
     stop = asyncio.Event()
     if args.follow:  # a stop sends what is complete, then ends; without --follow, Ctrl-C aborts
-        from rewardstream.jsonl import check_input_file
-        from rewardstream.producers.run_id import default_run_id
-
-        if not args.quiet:  # the run id now, for watch or snapshot while it runs
-            check_input_file(args.inputs, "--inputs")
-            run_id = args.run_id or default_run_id(args.inputs, args.rollouts.stem)
-            print(f"following {args.rollouts} as run {run_id}", file=sys.stderr, flush=True)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)

@@ -65,12 +65,14 @@ from rewardstream.contract import (
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.gym_servers.client import JsonClient
 from rewardstream.jsonl import parse_line
+from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.names import check_topic_prefix
 from rewardstream.overrides import parse_overrides
 from rewardstream.processors.pipeline import EventKind
 from rewardstream.producers.events import input_event, rollout_event
 from rewardstream.producers.live import EventSink, KafkaSink
 from rewardstream.producers.materialize import MaterializeOptions, materialize, write_rows
+from rewardstream.producers.pages import page_line
 from rewardstream.producers.run_id import default_run_id
 from rewardstream.producers.wait import wait_profile
 from rewardstream.sinks.files import ProfilePaths, check_replaceable, profile_lines, write_files
@@ -725,16 +727,20 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
             # after _start_fresh wrote the inputs file, which a resume never rewrites: run_id
             run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
             collector = _Collector(cfg, paths, sink, run_id, attempts, plan, urls)
-            if sink is not None:  # what to give rewardstream watch, snapshot or profiles get
-                print(
-                    f"rewardstream: streaming run {run_id} to Kafka "
-                    f"{cfg.kafka_bootstrap_servers} (topics {cfg.kafka_topic_prefix}.*)",
-                    file=sys.stderr,
-                    flush=True,
-                )
         except OSError as exc:  # files only: no network in this block
             where = exc.filename or paths.rollouts
             raise InputError(f"Cannot write '{where}': {exc.strerror or exc}") from None
+        if sink is not None and cfg.kafka_bootstrap_servers:
+            # what to give rewardstream watch, snapshot or profiles get, and the page
+            topics = Topics.for_prefix(cfg.kafka_topic_prefix)
+            security = KafkaSecurity.from_env()
+            page = await page_line(cfg.kafka_bootstrap_servers, security, topics, run_id)
+            print(
+                f"rewardstream: streaming run {run_id} to Kafka "
+                f"{cfg.kafka_bootstrap_servers} (topics {cfg.kafka_topic_prefix}.*); {page}",
+                file=sys.stderr,
+                flush=True,
+            )
         try:
             await collector.run()
         finally:

@@ -64,6 +64,7 @@ from rewardstream.producers.lines import (
     encode_rows,
     parsed,
 )
+from rewardstream.producers.pages import page_line
 from rewardstream.producers.run_id import default_run_id
 
 __all__ = ["PublishReport", "Sender", "message_limits", "publish_files"]
@@ -114,7 +115,8 @@ async def publish_files(
     with ``finish_on_stop``. Inputs are read once, at the start.
     ``security``: SASL/TLS settings (default: from ``REWARDSTREAM_KAFKA_*``).
     ``aggregate_metrics`` asks the processors for the aggregate and difficulty files of the
-    run, with majority@k over the results' ``answer_key`` when given.
+    run, with majority@k over the results' ``answer_key`` when given. ``progress``: a start
+    line on stderr (the run id and its live page) and a progress bar on a terminal.
     """
     began = time.perf_counter()
     _check_follow_options(follow, finish_when_idle, finish_on_stop)
@@ -125,6 +127,10 @@ async def publish_files(
     _check_run(run_id, stem)
     topics = topics or Topics.for_prefix()
     security = security or KafkaSecurity.from_env()
+    if progress:  # the run id and its page now, for watch, snapshot or a browser
+        page = await page_line(bootstrap, security, topics, run_id)
+        doing = "following" if follow else "publishing"
+        print(f"{doing} {rollouts} as run {run_id}; {page}", file=sys.stderr, flush=True)
     make_rollout = functools.partial(rollout_event, answer_key=answer_key)
     producer = await _start_producer(bootstrap, security)
     try:

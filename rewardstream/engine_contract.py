@@ -100,7 +100,8 @@ class AgentProgress(BaseModel):
     processor shows (:mod:`rewardstream.processors.live`): ``reward`` is [count, mean, sum of
     squared deviations, min, max] (None where not finite), ``tasks`` [tasks, single, scored,
     zero variance], ``histogram`` the per-task mean reward counts per bin then below and
-    above, ``passes`` per k [sum of pass@k, tasks with k rollouts or more]."""
+    above, ``passes`` per k [sum of pass@k, tasks with k rollouts or more], ``tokens`` per
+    output-token bin [rollouts, sum of their rewards]."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -109,6 +110,7 @@ class AgentProgress(BaseModel):
     tasks: tuple[int, int, int, int]
     histogram: Annotated[list[int], Field(min_length=12, max_length=12)]
     passes: dict[str, tuple[float, int]]
+    tokens: dict[str, tuple[int, float]] = {}
 
 
 class UnitProgress(BaseModel):
@@ -170,6 +172,7 @@ class FinalRecord(_Record):
     units: dict[str, UnitFinal]
     files: list[FileRef] = []
     chunks_from: int = 0  # offset of the first chunk in <prefix>.profiles (partition 0)
+    agents: dict[str, AgentProgress] = {}  # per agent the whole run's figures (a final's)
     written_by: StrictStr
     at: float
 

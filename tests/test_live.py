@@ -12,8 +12,10 @@ import orjson
 from rewardstream.contract import AttemptFailed, encode
 from rewardstream.engine_contract import AgentProgress
 from rewardstream.processors.live import AgentLive, History
-from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.runs import FIGURES_EVERY
+from rewardstream.processors.page import LiveView
+from rewardstream.processors.pipeline import Pipeline, RemoteUnit
+from rewardstream.processors.profile import TOKEN_BINS
+from rewardstream.processors.runs import FIGURES_EVERY, Counts, Done
 from tests.golden import file_events, generated_collection
 
 
@@ -46,6 +48,9 @@ def _close(a: AgentLive, b: AgentLive) -> None:
     assert a.passes.keys() == b.passes.keys()
     for k, (total, n) in a.passes.items():
         assert n == b.passes[k][1] and math.isclose(total, b.passes[k][0], rel_tol=1e-12)
+    assert a.tokens.keys() == b.tokens.keys()
+    for bin_, (n, total) in a.tokens.items():
+        assert n == b.tokens[bin_][0] and math.isclose(total, b.tokens[bin_][1], rel_tol=1e-12)
 
 
 def test_parts_merged_equal_the_run_in_one_part(tmp_path: Path) -> None:
@@ -56,6 +61,28 @@ def test_parts_merged_equal_the_run_in_one_part(tmp_path: Path) -> None:
         for agent in whole:
             _close(whole[agent], merged[agent])
             assert whole[agent].tasks == 20 and whole[agent].passes[4][1] == 20
+
+
+def test_reward_by_output_tokens_is_read_from_the_results(tmp_path: Path) -> None:
+    """Each rollout lands in its power-of-two bin of ``response.usage.output_tokens``, with its
+    reward: the same sums computed here from the rollouts file."""
+    expected: dict[str, dict[int, list[float]]] = {}
+    with _pipeline(tmp_path, "one", 1) as one:
+        for line in (tmp_path / "data" / "r.jsonl").read_bytes().splitlines():
+            row = orjson.loads(line)
+            tokens = row["response"]["usage"]["output_tokens"]
+            bin_ = 0 if tokens < 1 else min(int(math.log2(tokens)) + 1, TOKEN_BINS - 1)
+            held = expected.setdefault(row["agent_ref"]["name"], {}).setdefault(bin_, [0, 0.0])
+            held[0] += 1
+            held[1] += row["reward"]
+        whole = one.runs["r"].whole(0.0)
+        for agent, bins in expected.items():
+            got = whole[agent].tokens
+            assert got.keys() == bins.keys() and len(bins) > 1
+            for bin_, (n, total) in bins.items():
+                assert got[bin_][0] == n and math.isclose(got[bin_][1], total, rel_tol=1e-12)
+            shown = whole[agent].view()["reward_by_output_tokens"]
+            assert sum(b["rollouts"] for b in shown) == whole[agent].rollouts
 
 
 def test_a_summary_survives_the_member_record(tmp_path: Path) -> None:
@@ -100,3 +127,27 @@ def test_history_is_bounded_and_thinned() -> None:
     assert len(history.points) <= 10 and history.every > 1.0
     ats = [p["at"] for p in history.points]
     assert ats == sorted(ats) and ats[0] == 0.0 and ats[-1] >= 90
+
+
+def test_peers_summaries_join_the_view_and_gaps_are_named(tmp_path: Path) -> None:
+    """A peer's unit with a summary joins the whole-run view; one whose owner holds rollouts
+    but sent no summary is named in the view, never silently left out; once the run is done,
+    its final record's figures are the view (the peers' records drop the run)."""
+    with _pipeline(tmp_path, "one", 1) as pipeline:
+        run = pipeline.runs["r"]
+        mine = run.whole(0.0)
+        peer = {agent: AgentLive.from_wire(s.to_wire()) for agent, s in mine.items()}
+        pipeline.set_remote(
+            {
+                "rollout-1": RemoteUnit(5, {"r": Counts(0, 300)}, {"r": peer}),
+                "rollout-2": RemoteUnit(5, {"r": Counts(0, 7)}, {}),
+            }
+        )
+        view = LiveView(pipeline).detail(run)
+        assert view["partitions_missing"] == ["rollout-2"]
+        agent = next(iter(mine))
+        assert view["agents"][agent]["rollouts"] == 2 * mine[agent].rollouts
+        final = {a: AgentLive.from_wire(s.to_wire()) for a, s in run.whole(0.0).items()}
+        run.terminal = Done(0, 0, {}, {}, "r", False, final)
+        pipeline.set_remote({})  # the peers' records no longer carry the done run
+        assert run.whole(0.0)[agent].rollouts == 2 * mine[agent].rollouts

@@ -15,6 +15,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 import zipfile
@@ -27,13 +29,14 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from rewardstream.contract import Topics
+from rewardstream.contract import RunFinished, Topics, encode
 from rewardstream.processors.page import HISTORY_EVERY
 from tests.golden import file_events, generated_collection
 from tests.processes import Processor, make_topics, send_events
 
 pytestmark = pytest.mark.kafka
 DOCS = Path(__file__).parent.parent / "docs"
+CLI = [sys.executable, "-m", "rewardstream.cli"]
 
 
 def _detail(url: str, run_id: str) -> dict[str, Any]:
@@ -200,31 +203,89 @@ def test_any_processor_shows_the_whole_run(
     for h in hosts:
         h.wait(lambda runs: runs.get("w", {}).get("rollouts") == 480)
 
-    def settled() -> list[dict[str, Any]]:
-        deadline = time.monotonic() + 30
-        while True:
-            details = [_detail(h.url, "w") for h in hosts]
-            totals = [sum(a["rollouts"] for a in d["agents"].values()) for d in details]
-            if totals == [480, 480]:
-                return details
-            assert time.monotonic() < deadline, details
-            time.sleep(0.3)
-
-    one, other = settled()
-    assert one["agents"].keys() == other["agents"].keys()
-    for name, agent in one["agents"].items():
-        theirs = other["agents"][name]
-        assert agent["rollouts"] == theirs["rollouts"]
-        for key in ("mean", "std", "min", "max"):
-            assert math.isclose(agent["reward"][key], theirs["reward"][key], rel_tol=1e-12)
-        assert agent["tasks"] == theirs["tasks"] and agent["tasks"]["tasks"] > 0
-        assert agent["pass_at_k"].keys() == theirs["pass_at_k"].keys()
     expected = {
         r["agent_ref"]["name"]: r
         for r in json.loads((inputs.parent / "r_agent_metrics.json").read_text())
     }
-    for name, row in expected.items():
-        assert math.isclose(
-            one["agents"][name]["reward"]["mean"], row["mean/reward"], rel_tol=1e-12
+
+    def same(details: list[dict[str, Any]]) -> bool:
+        """Every view shows every rollout and task, the same figures, the batch's moments."""
+        for detail in details:
+            agents = detail["agents"]
+            if sum(a["rollouts"] for a in agents.values()) != 480:
+                return False
+            if sum(a["tasks"]["tasks"] for a in agents.values()) != 120:
+                return False  # a part's figures are renewed every 2 s at most
+            if agents.keys() != expected.keys():
+                return False
+            for name, row in expected.items():
+                reward = agents[name]["reward"]
+                assert math.isclose(reward["mean"], row["mean/reward"], rel_tol=1e-12)
+                assert math.isclose(reward["std"], row["std/reward"], rel_tol=1e-9)
+                assert (reward["min"], reward["max"]) == (row["min/reward"], row["max/reward"])
+        first = details[0]["agents"]
+        for other in details[1:]:
+            for name, agent in other["agents"].items():
+                mine = first[name]
+                assert agent["tasks"] == mine["tasks"] and agent["rollouts"] == mine["rollouts"]
+                assert agent["pass_at_k"].keys() == mine["pass_at_k"].keys()
+                for k, value in agent["pass_at_k"].items():
+                    assert math.isclose(value, mine["pass_at_k"][k], rel_tol=1e-12)
+        return True
+
+    def until(state: str, among: list[Processor]) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            details = [_detail(h.url, "w") for h in among]
+            if all(d["state"] == state for d in details) and same(details):
+                return
+            assert time.monotonic() < deadline, details
+            time.sleep(0.3)
+
+    until("open", hosts)  # each from its own parts and the other's member record
+    send_events(kafka_bootstrap, topics, [("control", encode(RunFinished(run_id="w")))], "w")
+    until("final", hosts)  # from the final record
+    late = Processor(
+        kafka_bootstrap,
+        prefix,
+        tmp_path / "unused",
+        tmp_path / "p2.log",
+        private_disk=tmp_path / "host2",
+    )
+    processors.append(late)
+    late.wait(lambda runs: runs.get("w", {}).get("state") == "final")
+    until("final", [*hosts, late])  # started after the final: the same figures
+
+
+def test_publish_names_the_live_page(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """The start line names the run's page on a live processor of the topics, or says none
+    serves them yet."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=10, repeats=2, seed=8)
+    prefix, lonely = unique_name("named"), unique_name("lonely")
+    asyncio.run(make_topics(kafka_bootstrap, Topics.for_prefix(prefix), 2))
+    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / "processor.log")
+    processors.append(p)
+    deadline = time.monotonic() + 60
+    while not p.units():  # assigned, hence announced
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    publish = [*CLI, "publish", "--inputs", str(inputs), "--rollouts", str(rollouts)]
+    publish += ["--bootstrap", kafka_bootstrap, "--run-id", "named", "--topic-prefix"]
+    for topic_prefix, expected in (
+        (prefix, f"; live page: {p.url}/runs/named\n"),
+        (lonely, "; live page: no processor is serving these topics yet"),
+    ):
+        proc = subprocess.run(
+            [*publish, topic_prefix],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
-        assert math.isclose(one["agents"][name]["reward"]["std"], row["std/reward"], rel_tol=1e-9)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.startswith(f"publishing {rollouts} as run named")
+        assert expected in proc.stderr, proc.stderr

@@ -74,9 +74,12 @@ function renderRun(run) {
   link.href = `/runs/${encodeURIComponent(run.run_id)}/download`;
   link.textContent = done ? "Download final files (.zip)" : "Download snapshot (.zip)";
   link.hidden = run.state === "evicted";
+  const missing = run.partitions_missing.length
+    ? ` - the figures leave out partitions ${run.partitions_missing.join(", ")}, whose ` +
+      "processor sends no summary (see its log)" : "";
   $("#run-facts").textContent =
     `${run.state} - ${run.rollouts} of ${run.expected_rollouts ?? "?"} rollouts, ` +
-    `${run.inputs} input rows, profile ${run.stem}_reward_profiling.jsonl`;
+    `${run.inputs} input rows, profile ${run.stem}_reward_profiling.jsonl${missing}`;
   const body = $("#agents tbody");
   body.replaceChildren();
   for (const [name, agent] of Object.entries(run.agents)) {
@@ -115,7 +118,7 @@ function drawCharts(run) {
   const agents = Object.keys(run.agents);
   const ks = [...new Set(agents.flatMap((a) => Object.keys(run.agents[a].pass_at_k)))]
     .map(Number).sort((a, b) => a - b);
-  const key = agents.join("\u0000") + "|" + ks.join(",");
+  const key = agents.join("\u0000") + "|" + (ks.length > 1);  // series, and pass@k's scale
   if (key !== chartKey) {  // new agents or ks: build the charts again
     for (const c of Object.values(charts)) c.destroy();
     charts = {};
@@ -153,6 +156,16 @@ function drawCharts(run) {
       paths: uPlot.paths.bars({ size: [0.9, Infinity] }), points: { show: false },
     }).map((s) => ({ ...s, fill: s.stroke + "cc" }))],
   }, [xs, ...ys]);
+  // power-of-two bins of output tokens, drawn at their lower bound (0 tokens: at 0.5)
+  const bins = (a) => run.agents[a].reward_by_output_tokens;
+  const lows = [...new Set(agents.flatMap((a) => bins(a).map((b) => b.from)))]
+    .sort((a, b) => a - b);
+  chart("tokens", {
+    scales: { x: { time: false, distr: 3, log: 2 } },
+    axes: [{ label: "output tokens (from)" }, { label: "mean reward" }],
+    series: [{ label: "tokens" }, ...agentSeries(agents, { points: { show: true } })],
+  }, [lows.map((low) => Math.max(low, 0.5)),
+    ...agents.map((a) => lows.map((low) => bins(a).find((b) => b.from === low)?.mean ?? null))]);
 }
 
 function pick(runs) {
