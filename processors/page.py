@@ -65,7 +65,7 @@ class LiveView:
 
     def summary(self, run: Run) -> dict[str, Any]:
         """A run's counts and state (``GET /runs``), with its rate and ETA from the history."""
-        rate = self._rate(run.run_id)
+        rate = None if run.done else self._rate(run.run_id)
         left = (run.expected or 0) - run.rollouts
         return {
             "run_id": run.run_id,
@@ -78,7 +78,7 @@ class LiveView:
             # rollout is consumed), final (its profile is written), evicted (never finished)
             "state": _state(run),
             "rate": rate,
-            "eta_seconds": left / rate if rate and left > 0 and not run.done else None,
+            "eta_seconds": left / rate if rate and left > 0 else None,
             # events seen before (a resumed or re-run collection, a redelivery):
             # each counted once, these copies ignored; not an error
             "duplicates_dropped": run.duplicates,
