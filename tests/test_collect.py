@@ -384,7 +384,11 @@ async def test_flaky_server_is_retried_and_recorded(fake_agent: Any, tmp_path: P
 
 @pytest.mark.kafka
 async def test_failed_attempts_are_streamed_and_counted_once(
-    fake_agent: Any, kafka_bootstrap: str, unique_name: Callable[[str], str], tmp_path: Path
+    fake_agent: Any,
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Every sidecar row is an ``attempt_failed`` event: the processor counts them per agent
     and class, and the page shows the failure rate."""
@@ -407,6 +411,11 @@ async def test_failed_attempts_are_streamed_and_counted_once(
         cfg = _config(tmp_path, url, **kafka)
         report = await collect(cfg)
         assert (report.completed, report.failed) == (4, 4)
+        first = capsys.readouterr().err.splitlines()[1]  # after NeMo Gym's "Clearing ..."
+        assert first.startswith(f"rewardstream: streaming run {report.run_id} to Kafka")
+        assert first.endswith(
+            "; live page: no processor is serving these topics yet (any one's --http address)"
+        )
         run = processor.pipeline.runs[report.run_id]
         agent = "arithmetic_simple_agent"
         assert run.failures == {agent: {"agent_run_error": 4}}

