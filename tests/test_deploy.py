@@ -196,6 +196,18 @@ def test_the_dockerfile_passes_hadolint() -> None:
     assert bad.returncode == 1 and "DL3006" in bad.stdout, bad.stdout
 
 
+def test_the_dashboard_is_what_its_builder_builds() -> None:
+    """The committed dashboard JSON is deploy/grafana/dashboard.py's output (grafana-foundation-
+    sdk's typed builders), not a hand edit."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "grafana" / "dashboard.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_the_stack_is_wired_together() -> None:
     """Prometheus scrapes the compose file's processors, each advertises the name its peers
     reach it by, Grafana's datasource is the one the dashboard names."""
