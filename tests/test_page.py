@@ -144,6 +144,11 @@ def test_the_page_shows_the_run_live_in_a_browser(
     browser.get(p.url + "/")
     shown = _until(browser, p.url, "live", "open")
     assert shown["status"].startswith("live"), shown
+    loaded = browser.execute_script(
+        "return performance.getEntriesByType('resource').map((e) => e.name)"
+    )
+    assert {"uPlot.iife.min.js", "page.js"} <= {u.rsplit("/", 1)[-1] for u in loaded}
+    assert all(u.startswith(p.url + "/") for u in loaded), loaded  # nothing from the internet
     assert shown["label"] == "Download snapshot (.zip)"
     with urllib.request.urlopen(p.url + shown["download"], timeout=60) as r:
         snapshot = zipfile.ZipFile(io.BytesIO(r.read()))
