@@ -38,7 +38,12 @@ __all__ = [
     "with_closing",
 ]
 
-SERVER_TYPES = ("responses_api_models", "resources_servers", "responses_api_agents")
+SERVER_TYPES = (
+    "responses_api_models",
+    "resources_servers",
+    "responses_api_agents",
+    "environment_servers",
+)
 HEALTH_PATHS = ("/", "/livez", "/readyz", "/healthz", "/health")
 _SECRET_SUFFIXES = ("api_key", "apikey", "secret", "password", "token")  # not "max_tokens"
 DEFAULT_HOST = "127.0.0.1"  # a server listens beyond loopback only when its config says so

@@ -6,7 +6,9 @@ host ``127.0.0.1`` and a free port in [10001, 20000] unless it names one, and is
 ``NEMO_GYM_CONFIG_DICT=<yaml> NEMO_GYM_CONFIG_PATH=<name> python -m <entrypoint>`` (an
 ``entrypoint`` ending in ``.py`` is run as a file, relative to its config file). A head server
 (``head_server.{host,port}``, default 127.0.0.1:11000) lists them on ``/server_instances`` and
-serves the merged config, secrets redacted, on ``/global_config_dict_yaml``. Once every server
+serves the merged config, secrets redacted, on ``/global_config_dict_yaml``. As in 0.7.0, an
+agent no ``environment_servers`` block fronts gets a generated ``legacy_agent`` relay (with a
+deprecation warning; :mod:`rewardstream.gym_servers.environments`). Once every server
 answers its health check, one line says so; Ctrl-C or SIGTERM stops them all. A value that
 cannot be used (a port that is no number, a reference to itself) is one line naming its key.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib.util
 import os
 import random
 import re
@@ -40,11 +43,14 @@ from rewardstream.gym_servers.base import (
     redacted,
     server_specs,
 )
+from rewardstream.gym_servers.environments import deprecation, front_agents
 from rewardstream.overrides import parse_overrides
 
 __all__ = ["BUNDLED_CONFIG", "ServerGroup", "load_config", "main"]
 
 BUNDLED_CONFIG = Path(__file__).resolve().parent / "configs" / "arithmetic.yaml"
+# NeMo Gym implementations this package runs itself, by (server type, implementation)
+_BUILTIN = {("environment_servers", "legacy_agent"): "rewardstream.gym_servers.environment_server"}
 DEFAULT_HEAD = {"host": DEFAULT_HOST, "port": 11000}
 PORT_RANGE = (10001, 20000)
 _REF = re.compile(r"^\$\{([\w.]+)\}$")
@@ -182,6 +188,9 @@ def load_config(tokens: Sequence[str]) -> dict[str, Any]:
     if not server_specs(resolved):
         raise InputError(f"no servers in {', '.join(map(str, paths))}")
     _check_addresses(resolved)
+    generated = front_agents(resolved)
+    if generated:
+        print(deprecation(generated), file=sys.stderr, flush=True)
     return resolved
 
 
@@ -200,13 +209,32 @@ def _free_port(taken: set[int]) -> int:
         return port
 
 
-def _command(spec: ServerSpec) -> list[str]:
+def _entry(spec: ServerSpec) -> str:
+    """The module or ``.py`` file that runs ``spec``: NeMo Gym's own implementations that this
+    package provides (``legacy_agent``'s ``app.py``) map to the module here."""
     entry = str(spec.config.get("entrypoint") or "")
+    builtin = _BUILTIN.get((spec.server_type, spec.impl))
+    if builtin is not None and entry in ("", "app.py"):
+        return builtin
     if not entry:
         raise InputError(f"server {spec.name!r} has no entrypoint")
+    return entry
+
+
+def _command(spec: ServerSpec) -> list[str]:
+    entry = _entry(spec)
     if entry.endswith(".py"):
         return [sys.executable, str(Path(spec.config.get(_CONFIG_DIR_KEY, ".")) / entry)]
     return [sys.executable, "-m", entry]
+
+
+def _dir_path(spec: ServerSpec) -> str | None:
+    """Where the server's code is (NeMo Gym's ``dir_path``)."""
+    entry = _entry(spec)
+    if entry.endswith(".py"):
+        return spec.config.get(_CONFIG_DIR_KEY)
+    found = importlib.util.find_spec(entry)
+    return str(Path(found.origin).parent) if found is not None and found.origin else None
 
 
 class ServerGroup:
@@ -305,20 +333,24 @@ class ServerGroup:
             self._runner = None
 
     def instances(self) -> list[dict[str, Any]]:
-        """``/server_instances``: one entry per server, NeMo Gym's fields."""
+        """``/server_instances``: one entry per server, NeMo Gym 0.7.0's fields in its order
+        and meaning: ``name`` is the implementation (``simple_agent``), ``process_name`` and
+        ``config_path`` the instance (``arithmetic_simple_agent``); the head is not listed."""
         return [
             {
-                "process_name": f"{s.name}.{s.server_type}.{s.impl}",
-                "server_type": s.server_type,
-                "name": s.name,
-                "dir_path": s.config.get(_CONFIG_DIR_KEY),
+                "config_path": s.name,
+                "dir_path": _dir_path(s),
                 "entrypoint": s.config.get("entrypoint"),
                 "host": s.config["host"],
-                "port": s.config["port"],
-                "url": s.url,
+                "name": s.impl,
                 "pid": self.procs[s.name].pid if s.name in self.procs else None,
-                "config_path": s.name,
+                "port": s.config["port"],
+                "process_name": s.name,
+                "server_type": s.server_type,
                 "start_time": self.started.get(s.name),
+                "status": None,
+                "uptime_seconds": None,
+                "url": s.url,
             }
             for s in self.specs
         ]
@@ -358,7 +390,8 @@ async def _serve(config: dict[str, Any]) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with ServerGroup(config) as group:
         for inst in group.instances():
-            print(f"{inst['name']} ({inst['server_type']}) at {inst['url']} pid={inst['pid']}")
+            where = f"{inst['server_type']}/{inst['name']}"
+            print(f"{inst['process_name']} ({where}) at {inst['url']} pid={inst['pid']}")
         print(f"All {len(group.specs)} servers ready! Head server: {group.head_url}", flush=True)
         await stop.wait()
         print("Stopping servers...", flush=True)

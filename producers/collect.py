@@ -8,7 +8,8 @@ r"""``ng_collect_rollouts``: POST every materialized row to its agent's ``/run``
 Files, as NeMo Gym names them: ``D/S_materialized_inputs.jsonl`` (spec §1.3), ``D/S.jsonl``
 (results in completion order, flushed line by line), ``D/S_failures.jsonl`` (one row per failed
 attempt) and ``D/S_aggregate_metrics.json``. Agents are found by name on the head server
-(``+head_server_url``, default ``http://127.0.0.1:11000``), or every row goes to ``+agent_url``.
+(``+head_server.host/port`` as NeMo Gym, or ``+head_server_url``; default
+``http://127.0.0.1:11000``), or every row goes to ``+agent_url``.
 
 **Failures are never rewards.** A connection error, a timeout or a 5xx (or 429) from ``/run`` is
 retried with exponential backoff until the row has had ``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``
@@ -47,8 +48,9 @@ from urllib.parse import urlsplit
 
 import orjson
 import uvloop
+import yaml
 from aiohttp import ClientError, ClientSession, ClientTimeout
-from pydantic import AfterValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
 from rewardstream.command import override_command
@@ -63,7 +65,9 @@ from rewardstream.contract import (
     encode,
 )
 from rewardstream.errors import InputError, LineError, RewardstreamError
+from rewardstream.gym_servers.base import server_specs
 from rewardstream.gym_servers.client import JsonClient
+from rewardstream.gym_servers.environments import AGENTS, server_for_agent
 from rewardstream.jsonl import parse_line
 from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.names import check_topic_prefix
@@ -89,6 +93,17 @@ _NOT_AGGREGATED = (
 )
 
 Key = tuple[Any, Any]
+# an /aggregate_metrics answer's groups, in the order 0.7.0 writes them
+_METRIC_GROUPS = ("agent_metrics", "key_metrics", "group_level_metrics", "repeat_level_metrics")
+
+
+class HeadServer(BaseModel):
+    """NeMo Gym's ``+head_server.host`` / ``+head_server.port`` (``+head_server_url`` wins)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=11000, gt=0, lt=65536)
 
 
 class CollectConfig(MaterializeOptions):
@@ -101,7 +116,8 @@ class CollectConfig(MaterializeOptions):
     num_samples_in_parallel: int | None = Field(default=None, gt=0)
     resume_from_cache: bool = False
     disable_aggregation: bool = False
-    head_server_url: str = "http://127.0.0.1:11000"
+    head_server_url: str | None = None
+    head_server: HeadServer = Field(default_factory=lambda: HeadServer())
     agent_url: str | None = None
     request_timeout_s: float = Field(default=3600.0, gt=0)
     retry_backoff_s: float = Field(default=0.5, ge=0)
@@ -400,38 +416,54 @@ async def _check_reachable(urls: dict[str, str], rollouts: Path) -> None:
             ) from None
 
 
-async def _agent_urls(cfg: CollectConfig, agents: set[str]) -> dict[str, str]:
-    """Each agent's base URL: ``+agent_url`` for all, or by name from the head server."""
+class Route(NamedTuple):
+    """Where an agent's rows go: ``url`` (``/run`` and ``/aggregate_metrics`` under it) and,
+    through an environment server, its instance name and implementation, which every result
+    is stamped with (``_ng_environment_server``, ``_ng_result_type``) as 0.7.0 stamps them."""
+
+    url: str
+    server: str | None = None
+    kind: str | None = None
+
+
+async def _routes(cfg: CollectConfig, agents: set[str]) -> dict[str, Route]:
+    """Each agent's route: ``+agent_url`` for all (no environment server), or, as NeMo Gym
+    0.7.0 resolves it, the environment server fronting the agent in the head server's config
+    (``/global_config_dict_yaml``; agents by instance name)."""
     if cfg.agent_url:
         if not cfg.agent_url.startswith("http://"):
             raise InputError(f"+agent_url={cfg.agent_url}: only http:// agents are supported")
-        return dict.fromkeys(agents, cfg.agent_url.rstrip("/"))
-    head = cfg.head_server_url.rstrip("/")
+        return dict.fromkeys(agents, Route(cfg.agent_url.rstrip("/")))
+    address = f"http://{cfg.head_server.host}:{cfg.head_server.port}"
+    head = (cfg.head_server_url or address).rstrip("/")
     try:
         async with (
             ClientSession(timeout=ClientTimeout(total=30)) as session,
-            session.get(f"{head}/server_instances") as r,
+            session.get(f"{head}/global_config_dict_yaml") as r,
         ):
-            instances = orjson.loads(await r.read()) if r.status == 200 else None
-    except (ClientError, TimeoutError, orjson.JSONDecodeError):
-        instances = None
-    if not isinstance(instances, list):
+            text = orjson.loads(await r.read()) if r.status == 200 else None
+        config = yaml.safe_load(text) if isinstance(text, str) else None
+    except (ClientError, TimeoutError, orjson.JSONDecodeError, yaml.YAMLError):
+        config = None
+    if not isinstance(config, dict):
         raise InputError(
             f"Could not connect to the head server at {head}. Start the servers (ng_run), or "
             "pass +head_server_url=... or +agent_url=..."
         )
-    urls = {i.get("name"): i.get("url") for i in instances if isinstance(i, dict)}
-    missing = sorted(a for a in agents if not urls.get(a))
+    served = {s.name for s in server_specs(config) if s.server_type == AGENTS}
+    missing = sorted(agents - served)
     if missing:
         raise InputError(
-            f"agent(s) {missing} not served by the head server at {head} "
-            f"(it has: {sorted(map(str, urls))})"
+            f"agent(s) {missing} not served by the head server at {head} (it has: {sorted(served)})"
         )
-    found = {a: str(urls[a]).rstrip("/") for a in agents}
-    for agent, url in found.items():
-        if not url.startswith("http://"):
-            raise InputError(f"agent {agent!r} is at {url}: only http:// agents are supported")
-    return found
+    routes = {}
+    for agent in sorted(agents):
+        server = server_for_agent(config, agent)
+        host = server.config.get("host") or "127.0.0.1"
+        routes[agent] = Route(
+            f"http://{host}:{server.config.get('port')}", server.name, server.impl
+        )
+    return routes
 
 
 class _Collector:
@@ -445,10 +477,10 @@ class _Collector:
         run_id: str,
         attempts: int,
         plan: _Plan,
-        urls: dict[str, str],
+        routes: dict[str, Route],
     ) -> None:
         self.cfg, self.paths, self.sink, self.run_id = cfg, paths, sink, run_id
-        self.attempts, self.plan, self.urls = attempts, plan, urls
+        self.attempts, self.plan, self.routes = attempts, plan, routes
         self.line = plan.cached[-1][0] if plan.cached else 0  # the rollouts file's last line
         self.completed = self.failed = 0
         self.reward_sum: dict[str, float] = defaultdict(float)
@@ -491,7 +523,7 @@ class _Collector:
             await _control(sink, started)
         for lineno, result in plan.cached:
             await self.publish(result, lineno)
-        run_urls = {agent: f"{url}/run" for agent, url in self.urls.items()}
+        run_urls = {agent: f"{route.url}/run" for agent, route in self.routes.items()}
         bar = tqdm(
             total=len(plan.todo),
             desc=f"Collecting {self.paths.rollouts.name}",
@@ -566,13 +598,20 @@ class _Collector:
             if not isinstance(outcome, _Failure):
                 await self.result(outcome, row)
                 return
-            await self.failure(outcome.stamp(row))
+            await self.failure(outcome.stamp(row) | self.served(row))
             attempt += 1
             if outcome.terminal or attempt >= self.attempts:
                 return
             delay = self.cfg.retry_backoff_s * 2 ** (attempt - prior - 1)
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))
             row = row | {"_ng_attempt_index": attempt}
+
+    def served(self, row: dict[str, Any]) -> dict[str, str]:
+        """The environment server stamps of a row's outcome (none without a server)."""
+        route = self.routes.get(_agent(row))
+        if route is None or route.server is None or route.kind is None:
+            return {}
+        return {"_ng_environment_server": route.server, "_ng_result_type": route.kind}
 
     async def failure(self, failed: dict[str, Any]) -> None:
         """Write a failed attempt's sidecar row; then publish it (the live failure rate)."""
@@ -589,6 +628,7 @@ class _Collector:
         for key in _STAMPS:
             if key in row:
                 result[key] = row[key]
+        result |= self.served(row)
         if result.get("_ng_no_persist"):
             return
         if result.get("_ng_failure_class") is not None:
@@ -704,7 +744,8 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
         _check_outputs(cfg, paths, resume)
         plan = _resumed(paths, attempts) if resume else _fresh(cfg)
         try:
-            urls = await _agent_urls(cfg, {_agent(r) for r in plan.rows}) if plan.todo else {}
+            routes = await _routes(cfg, {_agent(r) for r in plan.rows}) if plan.todo else {}
+            urls = {agent: route.url for agent, route in routes.items()}
             if sink is None and cfg.kafka_bootstrap_servers:
                 topics = Topics.for_prefix(cfg.kafka_topic_prefix)
                 sink = await KafkaSink(cfg.kafka_bootstrap_servers, topics).start()
@@ -726,7 +767,7 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
                 _start_fresh(paths, plan.rows)
             # after _start_fresh wrote the inputs file, which a resume never rewrites: run_id
             run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
-            collector = _Collector(cfg, paths, sink, run_id, attempts, plan, urls)
+            collector = _Collector(cfg, paths, sink, run_id, attempts, plan, routes)
         except OSError as exc:  # files only: no network in this block
             where = exc.filename or paths.rollouts
             raise InputError(f"Cannot write '{where}': {exc.strerror or exc}") from None
@@ -750,7 +791,7 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
         if sink is not None:
             await sink.close(finished)
     live_error = sink.error if sink is not None else None
-    aggregated = await _aggregate(cfg, paths, collector.kept, urls) if collector.kept else False
+    aggregated = await _aggregate(cfg, paths, collector.kept, routes) if collector.kept else False
     persisted = len(plan.cached) + collector.completed
     if plan.todo and not persisted:
         raise CollectionFailed(
@@ -797,9 +838,11 @@ class CollectionFailed(RewardstreamError):
 
 
 async def _aggregate(
-    cfg: CollectConfig, paths: CollectionPaths, kept: list[dict[str, Any]], urls: dict[str, str]
+    cfg: CollectConfig, paths: CollectionPaths, kept: list[dict[str, Any]], routes: dict[str, Route]
 ) -> bool:
-    """Ask each agent for its aggregate metrics (spec §1.8); a refusal only costs the file."""
+    """Ask each agent (through its environment server) for its aggregate metrics (spec §1.8),
+    written in 0.7.0's shape: ``agent_ref``, ``_ng_environment_server``, the four metric
+    groups, and ``perf_summary`` only when there is one; a refusal only costs the file."""
     if cfg.disable_aggregation:
         return False
     by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -808,10 +851,11 @@ async def _aggregate(
     out = []
     async with ClientSession(timeout=ClientTimeout(total=600)) as session:
         for agent, entries in by_agent.items():
-            url = urls.get(agent)
+            route = routes.get(agent)
             try:
-                if url is None:
+                if route is None:
                     raise InputError(f"agent {agent!r} has no known URL")
+                url = route.url
                 body = orjson.dumps({"verify_responses": entries})
                 async with session.post(f"{url}/aggregate_metrics", data=body, headers=_JSON) as r:
                     if r.status != 200:
@@ -820,7 +864,13 @@ async def _aggregate(
             except (ClientError, TimeoutError, orjson.JSONDecodeError, InputError) as exc:
                 print(f"WARNING: no aggregate metrics from {agent!r}: {exc}", file=sys.stderr)
                 return False
-            out.append({"agent_ref": {"name": agent}} | metrics)
+            written: dict[str, Any] = {"agent_ref": {"name": agent}}
+            if route.server is not None:
+                written["_ng_environment_server"] = route.server
+            written |= {k: metrics.get(k) for k in _METRIC_GROUPS}
+            if metrics.get("perf_summary") is not None:
+                written["perf_summary"] = metrics["perf_summary"]
+            out.append(written)
     write_files([(paths.aggregate, [orjson.dumps(out, option=orjson.OPT_INDENT_2)])])
     return True
 
@@ -859,7 +909,8 @@ _OVERRIDE_HELP = {
     "num_samples_in_parallel": ("N", f"rollouts in flight ({DEFAULT_PARALLEL})"),
     "resume_from_cache": ("BOOL", "continue a run: keep its results, run the rest"),
     "disable_aggregation": ("BOOL", "skip the agents' /aggregate_metrics"),
-    "head_server_url": ("URL", "where ng_run lists the agents"),
+    "head_server": (".host=H .port=P", "NeMo Gym's head server address (127.0.0.1:11000)"),
+    "head_server_url": ("URL", "the head server as a URL (wins over head_server)"),
     "agent_url": ("URL", "send every row to this agent instead"),
     "request_timeout_s": ("S", "give up on one /run after S seconds"),
     "retry_backoff_s": ("S", "first wait before a retry, doubled each time"),

@@ -52,7 +52,8 @@ class NgRun:
             return json.loads(resp.read())
 
     def url(self, name: str) -> str:
-        return str(next(i["url"] for i in self.get("/server_instances") if i["name"] == name))
+        instances = self.get("/server_instances")  # 0.7.0: process_name is the instance
+        return str(next(i["url"] for i in instances if i["process_name"] == name))
 
     def pids(self) -> list[int]:
         return [int(i["pid"]) for i in self.get("/server_instances")]

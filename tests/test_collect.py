@@ -233,10 +233,24 @@ def test_end_to_end_with_repeats_and_parallelism(
     results = read_jsonl(out)
     assert len(inputs) == 120 and sorted(keys(results)) == sorted(keys(inputs))
     assert (tmp_path / "out" / "r_failures.jsonl").read_bytes() == b""
-    for result in results:
+    for result in results:  # through the environment server, stamped last as 0.7.0 does
         assert result["reward"] in (0.0, 1.0) and result["agent_ref"]["name"]
-    aggregate = orjson.loads((tmp_path / "out" / "r_aggregate_metrics.json").read_bytes())
+        assert list(result)[-2:] == ["_ng_environment_server", "_ng_result_type"]
+        assert result["_ng_environment_server"] == "arithmetic_environment_server"
+        assert result["_ng_result_type"] == "legacy_agent"
+    raw = (tmp_path / "out" / "r_aggregate_metrics.json").read_bytes()
+    aggregate = orjson.loads(raw)
+    assert not raw.endswith(b"\n")  # as 0.7.0 writes it
+    assert list(aggregate[0]) == [  # 0.7.0's keys and order (no perf_summary: none measured)
+        "agent_ref",
+        "_ng_environment_server",
+        "agent_metrics",
+        "key_metrics",
+        "group_level_metrics",
+        "repeat_level_metrics",
+    ]
     assert aggregate[0]["agent_ref"] == {"name": "arithmetic_simple_agent"}
+    assert aggregate[0]["_ng_environment_server"] == "arithmetic_environment_server"
     assert aggregate[0]["agent_metrics"]["num_repeats"] == 3
 
     again = tmp_path / "again" / "r.jsonl"  # seeded: the same rewards for the same keys

@@ -46,12 +46,23 @@ def test_bundled_dataset_is_the_generator_output() -> None:
 
 
 def test_head_server_lists_instances_and_health(servers: NgRun) -> None:
+    """``/server_instances`` as 0.7.0's: its fields in its order, ``process_name`` and
+    ``config_path`` the instance, ``name`` the implementation, the environment server too."""
     instances = servers.get("/server_instances")
-    assert {i["name"] for i in instances} == {AGENT, MODEL, RESOURCES}
+    assert [(i["process_name"], i["server_type"], i["name"]) for i in instances] == [
+        (MODEL, "responses_api_models", "simulated_model"),
+        (RESOURCES, "resources_servers", "arithmetic"),
+        (AGENT, "responses_api_agents", "simple_agent"),
+        ("arithmetic_environment_server", "environment_servers", "legacy_agent"),
+    ]
+    fields = ["config_path", "dir_path", "entrypoint", "host", "name", "pid", "port"]
+    fields += ["process_name", "server_type", "start_time", "status", "uptime_seconds", "url"]
     for inst in instances:
+        assert list(inst) == fields and inst["config_path"] == inst["process_name"]
         assert inst["host"] == "127.0.0.1" and 10001 <= inst["port"] <= 20000
         assert inst["url"] == f"http://127.0.0.1:{inst['port']}"
-        assert set(inst) >= {"process_name", "server_type", "entrypoint", "pid", "start_time"}
+        assert (inst["status"], inst["uptime_seconds"]) == (None, None)
+        assert Path(inst["dir_path"]).is_dir()
     config = servers.get("/global_config_dict_yaml")
     assert isinstance(config, str) and "arithmetic_simple_agent:" in config
     for path in ("/", "/livez", "/readyz", "/healthz", "/health"):
@@ -197,9 +208,11 @@ async def test_proxy_mode_forwards_with_the_key_and_never_shows_it(
 
 def test_ng_run_sigterm_stops_every_server() -> None:
     run = NgRun(*fast())
-    pids = run.pids()
-    assert len(pids) == 3 and all(_alive(p) for p in pids)
-    assert run.stop() == 0
+    try:
+        pids = run.pids()
+        assert len(pids) == 4 and all(_alive(p) for p in pids)  # with the environment server
+    finally:  # a failed check must not leave the servers running
+        assert run.stop() == 0
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,0 +1,106 @@
+"""Drop-in both ways with the real nemo-gym 0.7.0 (``NEMO_GYM_PYTHON``: its environment's
+Python, BENCHMARKS.md "Side by side with nemo-gym 0.7.0"): NeMo Gym's own
+``ng_collect_rollouts`` against our ``ng_run`` with the bundled config, unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.gym import POLICY, NgRun, fast, read_jsonl
+
+NEMO_GYM_PYTHON = os.environ.get("NEMO_GYM_PYTHON")
+needs_nemo = pytest.mark.skipif(
+    not NEMO_GYM_PYTHON, reason="NEMO_GYM_PYTHON: a Python with nemo-gym 0.7.0 (BENCHMARKS.md)"
+)
+DATA = Path(__file__).parent.parent / "gym_servers" / "data" / "arithmetic.jsonl"
+PROFILE = ("_reward_profiling.jsonl", "_agent_metrics.json", "_repeat_level_metrics.json")
+
+
+def _nemo(command: str, *overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    assert NEMO_GYM_PYTHON is not None
+    tool = str(Path(NEMO_GYM_PYTHON).parent / command)
+    return subprocess.run(
+        [tool, *overrides], cwd=cwd, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+def _ours(command: str, *overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    tool = str(Path(sys.executable).parent / command)
+    return subprocess.run(
+        [tool, *overrides], cwd=cwd, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+@needs_nemo
+def test_nemo_collector_on_our_servers(tmp_path: Path) -> None:
+    """Every rollout collected through our environment server, stamped as 0.7.0 stamps; NeMo
+    Gym's profiler and ours write the same bytes from those files; our collector writes the
+    same rows (but the model's random response ids and times) to the same materialized
+    inputs."""
+    (tmp_path / "in.jsonl").write_bytes(b"".join(DATA.read_bytes().splitlines(True)[:25]))
+    run = NgRun(*fast(), f"{POLICY}.seed=7")
+    try:
+        head = ["+head_server.host=127.0.0.1", f"+head_server.port={run.port}"]
+        common = ["+input_jsonl_fpath=in.jsonl", "+num_repeats=2", "+num_repeats_add_seed=true"]
+        common += ["+responses_create_params.temperature=1.0", *head]  # seeded: reproducible
+        theirs = _nemo(
+            "ng_collect_rollouts", *common, "+output_jsonl_fpath=n/r.jsonl", cwd=tmp_path
+        )
+        assert theirs.returncode == 0, theirs.stdout[-2000:] + theirs.stderr[-2000:]
+        ours = _ours("ng_collect_rollouts", *common, "+output_jsonl_fpath=o/r.jsonl", cwd=tmp_path)
+        assert ours.returncode == 0, ours.stderr[-2000:]
+    finally:
+        run.stop()
+    nemo_rows = read_jsonl(tmp_path / "n" / "r.jsonl")
+    assert len(nemo_rows) == 50
+    for row in nemo_rows:
+        assert row["_ng_environment_server"] == "arithmetic_environment_server"
+        assert row["_ng_result_type"] == "legacy_agent"
+    assert (tmp_path / "n" / "r_failures.jsonl").read_bytes() == b""
+
+    # the two collectors: the same inputs, the same rows but the model's ids and times
+    for name in ("r_materialized_inputs.jsonl",):
+        assert (tmp_path / "n" / name).read_bytes() == (tmp_path / "o" / name).read_bytes()
+
+    def keyed(rows: list[dict[str, object]]) -> dict[object, bytes]:
+        out: dict[object, bytes] = {}
+        for row in rows:
+            response = row["response"]
+            assert isinstance(response, dict)
+            response.pop("id"), response.pop("created_at")
+            for item in response.get("output") or []:
+                item.pop("id", None)
+            out[(row["_ng_task_index"], row["_ng_rollout_index"])] = orjson.dumps(row)
+        return out
+
+    assert keyed(nemo_rows) == keyed(read_jsonl(tmp_path / "o" / "r.jsonl"))
+    aggregates = [
+        orjson.loads((tmp_path / side / "r_aggregate_metrics.json").read_bytes())
+        for side in ("n", "o")
+    ]
+    assert [list(e) for e in aggregates[0]] == [list(e) for e in aggregates[1]]
+
+    # both profilers on NeMo's files: byte for byte
+    for side, tool in (("pn", _nemo), ("po", _ours)):
+        folder = tmp_path / side
+        folder.mkdir()
+        for name in ("r.jsonl", "r_materialized_inputs.jsonl"):
+            (folder / name).write_bytes((tmp_path / "n" / name).read_bytes())
+        done = tool(
+            "ng_reward_profile",
+            f"+materialized_inputs_jsonl_fpath={folder}/r_materialized_inputs.jsonl",
+            f"+rollouts_jsonl_fpath={folder}/r.jsonl",
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    for suffix in PROFILE:
+        assert (tmp_path / "pn" / f"r{suffix}").read_bytes() == (
+            tmp_path / "po" / f"r{suffix}"
+        ).read_bytes(), suffix
