@@ -1,12 +1,13 @@
 # The two commands of the README, and their building blocks.
 #   make demo   install, start the bundled gym servers, collect and profile live (rewardstream demo)
-#   make test   install (Python and Debian packages, Kafka jars via Maven), lint, type-check, all tests
+#   make test   install (Python and Debian packages, Kafka jars via Maven, the nemo-gym 0.7.0
+#               reference on Python 3.13), lint, type-check, all tests
 PY      ?= python3
 VENV    ?= .venv
 BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.installed
 
-.PHONY: install system-deps kafka-jars lint test unit demo bench clean
+.PHONY: install system-deps kafka-jars nemo-reference lint test unit demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +23,11 @@ system-deps:
 kafka-jars: install system-deps
 	$(BIN)/rewardstream kafka fetch
 
+# the real nemo-gym 0.7.0 the interop tests compare with (.ci/nemo-reference)
+NEMO_PY = .nemo-gym/venv/bin/python
+nemo-reference:
+	bash .ci/nemo-reference
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -31,8 +37,8 @@ lint: install
 unit: install
 	$(BIN)/pytest -q -m "not kafka"
 
-test: kafka-jars lint
-	$(BIN)/pytest -q
+test: kafka-jars nemo-reference lint
+	NEMO_GYM_PYTHON=$$([ -x $(NEMO_PY) ] && echo $(CURDIR)/$(NEMO_PY)) $(BIN)/pytest -q
 
 demo: install
 	$(BIN)/rewardstream demo --output-dir demo-output
@@ -48,4 +54,4 @@ bench: install
 	$(BIN)/python -m bench.profile_bench
 
 clean:
-	rm -rf $(VENV) demo-output bench/data bench/out
+	rm -rf $(VENV) .nemo-gym demo-output bench/data bench/out

@@ -14,6 +14,8 @@ import pytest
 from rewardstream import kafka_local
 from tests.processes import Processor
 
+pytest_plugins = ["tests.nemo"]  # the nemo_python fixture
+
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:

@@ -5,41 +5,34 @@ Python, BENCHMARKS.md "Side by side with nemo-gym 0.7.0"): NeMo Gym's own
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import orjson
-import pytest
 
 from tests.gym import POLICY, NgRun, fast, read_jsonl
 
-NEMO_GYM_PYTHON = os.environ.get("NEMO_GYM_PYTHON")
-needs_nemo = pytest.mark.skipif(
-    not NEMO_GYM_PYTHON, reason="NEMO_GYM_PYTHON: a Python with nemo-gym 0.7.0 (BENCHMARKS.md)"
-)
 DATA = Path(__file__).parent.parent / "gym_servers" / "data" / "arithmetic.jsonl"
+OURS = Path(sys.executable)
 PROFILE = ("_reward_profiling.jsonl", "_agent_metrics.json", "_repeat_level_metrics.json")
 
 
-def _nemo(command: str, *overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    assert NEMO_GYM_PYTHON is not None
-    tool = str(Path(NEMO_GYM_PYTHON).parent / command)
+def _tool(
+    python: Path, command: str, *overrides: str, cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """``command`` of the environment of ``python`` (ours, or the nemo-gym reference)."""
     return subprocess.run(
-        [tool, *overrides], cwd=cwd, capture_output=True, text=True, timeout=600, check=False
+        [str(python.parent / command), *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
 
 
-def _ours(command: str, *overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    tool = str(Path(sys.executable).parent / command)
-    return subprocess.run(
-        [tool, *overrides], cwd=cwd, capture_output=True, text=True, timeout=600, check=False
-    )
-
-
-@needs_nemo
-def test_nemo_collector_on_our_servers(tmp_path: Path) -> None:
+def test_nemo_collector_on_our_servers(tmp_path: Path, nemo_python: Path) -> None:
     """Every rollout collected through our environment server, stamped as 0.7.0 stamps; NeMo
     Gym's profiler and ours write the same bytes from those files; our collector writes the
     same rows (but the model's random response ids and times) to the same materialized
@@ -50,11 +43,12 @@ def test_nemo_collector_on_our_servers(tmp_path: Path) -> None:
         head = ["+head_server.host=127.0.0.1", f"+head_server.port={run.port}"]
         common = ["+input_jsonl_fpath=in.jsonl", "+num_repeats=2", "+num_repeats_add_seed=true"]
         common += ["+responses_create_params.temperature=1.0", *head]  # seeded: reproducible
-        theirs = _nemo(
-            "ng_collect_rollouts", *common, "+output_jsonl_fpath=n/r.jsonl", cwd=tmp_path
+        out = "+output_jsonl_fpath"
+        theirs = _tool(
+            nemo_python, "ng_collect_rollouts", *common, f"{out}=n/r.jsonl", cwd=tmp_path
         )
         assert theirs.returncode == 0, theirs.stdout[-2000:] + theirs.stderr[-2000:]
-        ours = _ours("ng_collect_rollouts", *common, "+output_jsonl_fpath=o/r.jsonl", cwd=tmp_path)
+        ours = _tool(OURS, "ng_collect_rollouts", *common, f"{out}=o/r.jsonl", cwd=tmp_path)
         assert ours.returncode == 0, ours.stderr[-2000:]
     finally:
         run.stop()
@@ -88,12 +82,13 @@ def test_nemo_collector_on_our_servers(tmp_path: Path) -> None:
     assert [list(e) for e in aggregates[0]] == [list(e) for e in aggregates[1]]
 
     # both profilers on NeMo's files: byte for byte
-    for side, tool in (("pn", _nemo), ("po", _ours)):
+    for side, python in (("pn", nemo_python), ("po", OURS)):
         folder = tmp_path / side
         folder.mkdir()
         for name in ("r.jsonl", "r_materialized_inputs.jsonl"):
             (folder / name).write_bytes((tmp_path / "n" / name).read_bytes())
-        done = tool(
+        done = _tool(
+            python,
             "ng_reward_profile",
             f"+materialized_inputs_jsonl_fpath={folder}/r_materialized_inputs.jsonl",
             f"+rollouts_jsonl_fpath={folder}/r.jsonl",

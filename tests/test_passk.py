@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,7 +126,6 @@ def test_merged_shards_in_any_order_equal_the_reference(
         assert {k: entry["agent_metrics"][k] for k in want} == want
 
 
-NEMO_GYM_PYTHON = os.environ.get("NEMO_GYM_PYTHON")
 _REFERENCE = """
 import json, sys
 from nemo_gym.reward_profile import compute_pass_majority_metrics
@@ -138,19 +135,15 @@ for case in json.load(open(sys.argv[1])):
 """
 
 
-@pytest.mark.skipif(
-    not NEMO_GYM_PYTHON, reason="NEMO_GYM_PYTHON: a Python with nemo-gym 0.7.0 (BENCHMARKS.md)"
-)
-def test_side_by_side_with_the_installed_nemo_gym(tmp_path: Path) -> None:
+def test_side_by_side_with_the_installed_nemo_gym(tmp_path: Path, nemo_python: Path) -> None:
     """Its own ``compute_pass_majority_metrics`` on generated sets, not a transcription."""
     sets = [_seeded(seed, continuous=seed % 2 == 1) for seed in range(40)]
     keys = ["a" if seed % 3 else None for seed in range(40)]
     path = tmp_path / "cases.json"
     cases = [{"tasks": t, "answer_key": k} for t, k in zip(sets, keys, strict=True)]
     path.write_text(json.dumps(cases))
-    assert NEMO_GYM_PYTHON is not None
     proc = subprocess.run(
-        [NEMO_GYM_PYTHON, "-c", _REFERENCE, str(path)],
+        [str(nemo_python), "-c", _REFERENCE, str(path)],
         capture_output=True,
         text=True,
         check=True,
