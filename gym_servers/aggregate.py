@@ -22,19 +22,30 @@ _COVERAGE_PREFIX = "coverage/"
 
 
 def aggregate_metrics(verify_responses: list[dict[str, Any]]) -> dict[str, Any]:
-    """``{group_level_metrics, agent_metrics, key_metrics, repeat_level_metrics, perf_summary}``.
+    """``{group_level_metrics, agent_metrics, key_metrics, perf_summary, repeat_level_metrics}``.
 
     Raises :class:`~rewardstream.errors.InvalidRow` for a response without its indices.
     """
-    out: dict[str, Any] = {
+    out: dict[str, Any] = {  # 0.7.0's AggregateMetrics, its fields in its order
         "group_level_metrics": [],
         "agent_metrics": {},
         "key_metrics": {},
-        "repeat_level_metrics": [],
         "perf_summary": None,
+        "repeat_level_metrics": [],
     }
     if not verify_responses:
         return out
+    if all(r.get("mask_sample") for r in verify_responses):
+        # as 0.7.0: nothing measured, so no means over an empty set (and no num_repeats),
+        # only what happened
+        tasks = {row_key(r)[0] for r in verify_responses}
+        coverage = {
+            "coverage/measured_rollouts": 0,
+            "coverage/masked_rollouts": len(verify_responses),
+            "coverage/measured_tasks": 0,
+            "coverage/fully_masked_tasks": len(tasks),
+        }
+        return out | {"agent_metrics": coverage, "key_metrics": dict(coverage)}
     state = ProfileState()
     rollouts = set()
     for order, result in enumerate(verify_responses):

@@ -106,7 +106,17 @@ class HeadServer(BaseModel):
     port: int = Field(default=11000, gt=0, lt=65536)
 
 
-class CollectConfig(MaterializeOptions):
+class Servers(BaseModel):
+    """Where the agents are: NeMo Gym's head server, or one ``+agent_url`` for every agent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    head_server_url: str | None = None
+    head_server: HeadServer = Field(default_factory=lambda: HeadServer())
+    agent_url: str | None = None
+
+
+class CollectConfig(MaterializeOptions, Servers):
     """NeMo Gym's collection keys, plus rewardstream's own (transport, retries, Kafka)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -116,9 +126,6 @@ class CollectConfig(MaterializeOptions):
     num_samples_in_parallel: int | None = Field(default=None, gt=0)
     resume_from_cache: bool = False
     disable_aggregation: bool = False
-    head_server_url: str | None = None
-    head_server: HeadServer = Field(default_factory=lambda: HeadServer())
-    agent_url: str | None = None
     request_timeout_s: float = Field(default=3600.0, gt=0)
     retry_backoff_s: float = Field(default=0.5, ge=0)
     kafka_bootstrap_servers: str | None = None
@@ -426,7 +433,7 @@ class Route(NamedTuple):
     kind: str | None = None
 
 
-async def _routes(cfg: CollectConfig, agents: set[str]) -> dict[str, Route]:
+async def routes_of(cfg: Servers, agents: set[str]) -> dict[str, Route]:
     """Each agent's route: ``+agent_url`` for all (no environment server), or, as NeMo Gym
     0.7.0 resolves it, the environment server fronting the agent in the head server's config
     (``/global_config_dict_yaml``; agents by instance name)."""
@@ -552,19 +559,9 @@ class _Collector:
             await _control(sink, RunFinished(run_id=self.run_id))
 
     def keep(self, result: dict[str, Any]) -> None:
-        """Hold what ``/aggregate_metrics`` is sent (spec §1.8): the result without its bulk."""
+        """Hold what ``/aggregate_metrics`` is sent (spec §1.8)."""
         if not self.cfg.disable_aggregation:
-            entry = {k: v for k, v in result.items() if k not in _NOT_AGGREGATED}
-            response = result.get("response")
-            if isinstance(response, dict):
-                extra = {
-                    k: response[k]
-                    for k in ("usage", "incomplete_details")
-                    if response.get(k) is not None
-                }
-                if extra:
-                    entry["response"] = extra
-            self.kept.append(entry)
+            self.kept.append(verify_entry(result))
 
     async def post(
         self, client: JsonClient, url: str, row: dict[str, Any]
@@ -744,7 +741,7 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
         _check_outputs(cfg, paths, resume)
         plan = _resumed(paths, attempts) if resume else _fresh(cfg)
         try:
-            routes = await _routes(cfg, {_agent(r) for r in plan.rows}) if plan.todo else {}
+            routes = await routes_of(cfg, {_agent(r) for r in plan.rows}) if plan.todo else {}
             urls = {agent: route.url for agent, route in routes.items()}
             if sink is None and cfg.kafka_bootstrap_servers:
                 topics = Topics.for_prefix(cfg.kafka_topic_prefix)
@@ -837,14 +834,43 @@ class CollectionFailed(RewardstreamError):
     """Nothing at all was collected (every row failed)."""
 
 
-async def _aggregate(
-    cfg: CollectConfig, paths: CollectionPaths, kept: list[dict[str, Any]], routes: dict[str, Route]
-) -> bool:
-    """Ask each agent (through its environment server) for its aggregate metrics (spec §1.8),
-    written in 0.7.0's shape: ``agent_ref``, ``_ng_environment_server``, the four metric
-    groups, and ``perf_summary`` only when there is one; a refusal only costs the file."""
-    if cfg.disable_aggregation:
-        return False
+def verify_entry(result: dict[str, Any]) -> dict[str, Any]:
+    """What ``/aggregate_metrics`` is sent of a result (spec §1.8): the result without its
+    bulk, and of its response only ``usage`` and ``incomplete_details``."""
+    entry = {k: v for k, v in result.items() if k not in _NOT_AGGREGATED}
+    response = result.get("response")
+    if isinstance(response, dict):
+        extra = {
+            k: response[k] for k in ("usage", "incomplete_details") if response.get(k) is not None
+        }
+        if extra:
+            entry["response"] = extra
+    return entry
+
+
+def metrics_entry(agent: str, server: str | None, metrics: dict[str, Any]) -> dict[str, Any]:
+    """One agent's entry of ``S_aggregate_metrics.json``, in 0.7.0's shape: ``agent_ref``,
+    ``_ng_environment_server``, the four metric groups, ``perf_summary`` only when there is
+    one."""
+    entry: dict[str, Any] = {"agent_ref": {"name": agent}}
+    if server is not None:
+        entry["_ng_environment_server"] = server
+    entry |= {k: metrics.get(k) for k in _METRIC_GROUPS}
+    if metrics.get("perf_summary") is not None:
+        entry["perf_summary"] = metrics["perf_summary"]
+    return entry
+
+
+def metrics_file(entries: list[dict[str, Any]]) -> bytes:
+    """``S_aggregate_metrics.json`` as 0.7.0 writes it (two-space indent, no final newline)."""
+    return orjson.dumps(entries, option=orjson.OPT_INDENT_2)
+
+
+async def server_metrics(
+    kept: list[dict[str, Any]], routes: dict[str, Route]
+) -> list[dict[str, Any]] | None:
+    """Each agent's metrics from its server's ``/aggregate_metrics`` (through its environment
+    server), over ``kept`` in task and rollout order; None (with a warning) when one fails."""
     by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for entry in sorted(kept, key=lambda e: (e["_ng_task_index"], e["_ng_rollout_index"])):
         by_agent[_agent(entry)].append(entry)
@@ -855,23 +881,30 @@ async def _aggregate(
             try:
                 if route is None:
                     raise InputError(f"agent {agent!r} has no known URL")
-                url = route.url
                 body = orjson.dumps({"verify_responses": entries})
-                async with session.post(f"{url}/aggregate_metrics", data=body, headers=_JSON) as r:
+                url = f"{route.url}/aggregate_metrics"
+                async with session.post(url, data=body, headers=_JSON) as r:
                     if r.status != 200:
                         raise InputError(f"HTTP {r.status}")
                     metrics = orjson.loads(await r.read())
             except (ClientError, TimeoutError, orjson.JSONDecodeError, InputError) as exc:
                 print(f"WARNING: no aggregate metrics from {agent!r}: {exc}", file=sys.stderr)
-                return False
-            written: dict[str, Any] = {"agent_ref": {"name": agent}}
-            if route.server is not None:
-                written["_ng_environment_server"] = route.server
-            written |= {k: metrics.get(k) for k in _METRIC_GROUPS}
-            if metrics.get("perf_summary") is not None:
-                written["perf_summary"] = metrics["perf_summary"]
-            out.append(written)
-    write_files([(paths.aggregate, [orjson.dumps(out, option=orjson.OPT_INDENT_2)])])
+                return None
+            out.append(metrics_entry(agent, route.server, metrics))
+    return out
+
+
+async def _aggregate(
+    cfg: CollectConfig, paths: CollectionPaths, kept: list[dict[str, Any]], routes: dict[str, Route]
+) -> bool:
+    """Ask each agent for its aggregate metrics and write them; a refusal only costs the
+    file."""
+    if cfg.disable_aggregation:
+        return False
+    entries = await server_metrics(kept, routes)
+    if entries is None:
+        return False
+    write_files([(paths.aggregate, [metrics_file(entries)])])
     return True
 
 

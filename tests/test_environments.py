@@ -15,6 +15,7 @@ from aiohttp import ClientSession, web
 
 from rewardstream.errors import InputError
 from rewardstream.gym_servers import environment_server
+from rewardstream.gym_servers.aggregate import aggregate_metrics
 from rewardstream.gym_servers.base import server_specs
 from rewardstream.gym_servers.environments import (
     front_agents,
@@ -149,3 +150,27 @@ async def test_the_relay_passes_run_through_byte_for_byte(agent_and_relay: str) 
             assert r.status == 200 and await r.json() == {"echo": {}}
         async with session.get(f"{agent_and_relay}/health") as r:
             assert await r.json() == {"status": "ok"}
+
+
+def test_a_fully_masked_run_reports_coverage_only() -> None:
+    """0.7.0's rule: every rollout masked, so no means over an empty set and no num_repeats;
+    a run with a measured rollout has its metrics and num_repeats last."""
+    rows = [
+        {"_ng_task_index": t, "_ng_rollout_index": r, "reward": 1.0, "mask_sample": True}
+        for t in range(3)
+        for r in range(2)
+    ]
+    masked = aggregate_metrics(rows)
+    coverage = {
+        "coverage/measured_rollouts": 0,
+        "coverage/masked_rollouts": 6,
+        "coverage/measured_tasks": 0,
+        "coverage/fully_masked_tasks": 3,
+    }
+    assert masked["agent_metrics"] == masked["key_metrics"] == coverage
+    assert list(masked["agent_metrics"]) == list(coverage)
+    assert masked["group_level_metrics"] == masked["repeat_level_metrics"] == []
+    rows[0]["mask_sample"] = False
+    measured = aggregate_metrics(rows)
+    assert list(measured["agent_metrics"])[-1] == "num_repeats"
+    assert measured["agent_metrics"]["num_repeats"] == 2

@@ -1,6 +1,7 @@
 """Drop-in both ways with the real nemo-gym 0.7.0 (``NEMO_GYM_PYTHON``: its environment's
-Python, BENCHMARKS.md "Side by side with nemo-gym 0.7.0"): NeMo Gym's own
-``ng_collect_rollouts`` against our ``ng_run`` with the bundled config, unchanged.
+Python, ``.ci/nemo-reference``): NeMo Gym's own ``ng_collect_rollouts`` against our ``ng_run``
+with the bundled config, unchanged; its ``compute_aggregate_metrics`` against our servers'
+``/aggregate_metrics``.
 """
 
 from __future__ import annotations
@@ -8,9 +9,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from rewardstream.gym_servers.aggregate import aggregate_metrics
 from tests.gym import POLICY, NgRun, fast, read_jsonl
 
 DATA = Path(__file__).parent.parent / "gym_servers" / "data" / "arithmetic.jsonl"
@@ -99,3 +102,81 @@ def test_nemo_collector_on_our_servers(tmp_path: Path, nemo_python: Path) -> Non
         assert (tmp_path / "pn" / f"r{suffix}").read_bytes() == (
             tmp_path / "po" / f"r{suffix}"
         ).read_bytes(), suffix
+
+
+_AGGREGATE = """
+import json, sys
+from nemo_gym.reward_profile import compute_aggregate_metrics
+for rows in json.load(open(sys.argv[1])):
+    print(json.dumps(compute_aggregate_metrics(rows).model_dump(mode="json")))
+"""
+
+
+def test_aggregate_metrics_equal_0_7_0s(tmp_path: Path, nemo_python: Path) -> None:
+    """Our servers' ``/aggregate_metrics`` against 0.7.0's ``compute_aggregate_metrics``: the
+    same JSON, keys in the same order, for a measured, a partly and a fully masked run."""
+
+    def rows(masked: set[int]) -> list[dict[str, Any]]:
+        return [
+            {
+                "_ng_task_index": t,
+                "_ng_rollout_index": r,
+                "reward": float((t * 7 + r * 3) % 4) / 3,
+                "mask_sample": 2 * t + r in masked,
+                "agent_ref": {"name": "a"},
+                "response": {"usage": {"output_tokens": 10 + t + r}},
+            }
+            for t in range(4)
+            for r in range(3)
+        ]
+
+    cases = [rows(set()), rows({0, 5, 6}), rows(set(range(12)))]
+    path = tmp_path / "cases.json"
+    path.write_bytes(orjson.dumps(cases))
+    proc = subprocess.run(
+        [str(nemo_python), "-c", _AGGREGATE, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    for case, line in zip(cases, proc.stdout.splitlines(), strict=True):
+        theirs, ours = orjson.loads(line), aggregate_metrics(case)
+        assert orjson.dumps(theirs) == orjson.dumps(ours)
+
+
+def test_nemo_aggregate_equals_ours(tmp_path: Path, nemo_python: Path) -> None:
+    """0.7.0's ``ng_aggregate_rollouts`` (through our servers) and ours (without them) on the
+    same shards: the same merged rollouts, byte for byte, and the same metrics."""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(DATA.read_bytes().splitlines(True)[:15]))
+    run = NgRun(*fast())
+    try:
+        head = ["+head_server.host=127.0.0.1", f"+head_server.port={run.port}"]
+        collect = ["+input_jsonl_fpath=in.jsonl", "+num_repeats=4", *head]
+        done = _tool(
+            OURS, "ng_collect_rollouts", *collect, "+output_jsonl_fpath=c/r.jsonl", cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines = (tmp_path / "c" / "r.jsonl").read_bytes().splitlines(True)
+        for i in range(3):
+            (tmp_path / f"s{i}.jsonl").write_bytes(b"".join(lines[i::3]))
+        shards = ["+input_glob=s*.jsonl", *head]
+        theirs = _tool(
+            nemo_python,
+            "ng_aggregate_rollouts",
+            *shards,
+            "+output_jsonl_fpath=n/r.jsonl",
+            "+disable_health_check=true",
+            cwd=tmp_path,
+        )
+        assert theirs.returncode == 0, theirs.stdout[-2000:] + theirs.stderr[-2000:]
+    finally:
+        run.stop()
+    ours = _tool(
+        OURS, "ng_aggregate_rollouts", *shards, "+output_jsonl_fpath=o/r.jsonl", cwd=tmp_path
+    )
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert (tmp_path / "n" / "r.jsonl").read_bytes() == (tmp_path / "o" / "r.jsonl").read_bytes()
+    metrics = [(tmp_path / side / "r_aggregate_metrics.json").read_bytes() for side in ("n", "o")]
+    assert metrics[0] == metrics[1]
