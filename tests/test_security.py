@@ -560,14 +560,14 @@ async def test_gym_servers_bind_loopback_bound_bodies_and_never_show_the_api_key
     ng = Child(args, tmp_path, "ng_run", child_env())
     try:
         deadline = time.monotonic() + 60
-        while "All 3 servers ready" not in ng.texts()[0]:
+        while "All 4 servers ready" not in ng.texts()[0]:
             assert ng.proc.poll() is None, ng.texts()
             assert time.monotonic() < deadline, ng.texts()
             await asyncio.sleep(0.05)
         head = f"http://127.0.0.1:{head_port}"
         async with ClientSession() as session:
             async with session.get(f"{head}/server_instances") as resp:
-                instances = {i["name"]: i for i in await resp.json()}
+                instances = {i["process_name"]: i for i in await resp.json()}
                 served = await resp.text()
             async with session.get(f"{head}/global_config_dict_yaml") as resp:
                 served += await resp.text()
