@@ -939,6 +939,7 @@ _OVERRIDE_HELP = {
     "num_repeats_add_seed": ("BOOL", "give each repeat its own seed"),
     "interleave_repeats": ("BOOL", "order rows by repeat: every task's first, then second..."),
     "responses_create_params": (".KEY=V", "set KEY in every row's responses_create_params"),
+    "prompt_config": ("PATH", "a {user, system} YAML template building each row's input"),
     "num_samples_in_parallel": ("N", f"rollouts in flight ({DEFAULT_PARALLEL})"),
     "resume_from_cache": ("BOOL", "continue a run: keep its results, run the rest"),
     "disable_aggregation": ("BOOL", "skip the agents' /aggregate_metrics"),
@@ -979,7 +980,11 @@ def _usage() -> str:
         key = f"+{name}{meta if meta.startswith('.') else '=' + meta}"
         if field.is_required():
             text = f"(required) {text}"
-        elif field.default not in (None, {}) and field.default is not False:
+        elif (
+            field.default_factory is None
+            and field.default not in (None, {})
+            and field.default is not False
+        ):
             text = f"{text} ({field.default})"
         lines.append(f"  {key:<37}{text}")
     lines += [

@@ -3,8 +3,11 @@
 Supported: ``limit``, agent routing (``agent_ref``, ``agent_name``, ``agent_map`` with
 ``_default``), ``responses_create_params`` overrides (a shallow merge, new keys last in the
 order given), task indices keyed by the raw line text, ``num_repeats`` (int or per-agent dict),
-``num_repeats_add_seed`` and ``interleave_repeats``. Not supported (rejected by the config):
-``fan_out``, ``prompt_config``, ``skills``, and rows that name only a ``task_source``.
+``num_repeats_add_seed``, ``interleave_repeats`` and ``prompt_config`` (a YAML ``{user,
+system?}`` template that builds every row's ``responses_create_params.input`` from its fields,
+as 0.7.0's ``nemo_gym/prompt.py``; rows that already have an ``input`` are refused, all named).
+Not supported (rejected by the config): ``fan_out``, ``skills``, and rows that name only a
+``task_source``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rewardstream.errors import InputError, LineError
 from rewardstream.jsonl import check_input_file, parse_line
@@ -41,6 +52,7 @@ class MaterializeOptions(BaseModel):
     num_repeats_add_seed: bool = False
     interleave_repeats: bool = False
     responses_create_params: dict[str, Any] = {}
+    prompt_config: Path | None = None
 
     @field_validator("num_repeats")
     @classmethod
@@ -102,17 +114,76 @@ def _seeded(rcp: dict[str, Any], seed: int) -> dict[str, Any]:
     return rcp | {"metadata": metadata}
 
 
+class _Prompt(BaseModel):
+    """A prompt YAML file: ``user`` required, ``system`` optional, ``{field}`` placeholders."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    user: str
+    system: str | None = None
+
+
+def _prompt(path: Path) -> _Prompt:
+    checked = check_input_file(path, "prompt_config")
+    try:
+        return _Prompt.model_validate(yaml.safe_load(checked.read_text()))
+    except (yaml.YAMLError, ValidationError, UnicodeDecodeError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise InputError(f"prompt_config '{path}': not a {{user, system}} YAML: {detail}") from None
+
+
+def _prompted(
+    parsed: list[tuple[int, bytes, Any]], prompt: _Prompt, path: Path
+) -> list[tuple[int, bytes, Any]]:
+    """0.7.0's ``validate_prompt_compatibility`` then ``apply_prompt_to_row`` on every row."""
+    taken = [
+        i
+        for i, (_, _, row) in enumerate(parsed)
+        if isinstance(row, dict) and isinstance(row.get(RCP), dict) and row[RCP].get("input")
+    ]
+    if taken:
+        raise InputError(
+            "Some rows have responses_create_params.input but prompt_config is also specified. "
+            f"These are mutually exclusive. Use one or the other. Violating rows: {taken}"
+        )
+    out = []
+    for lineno, raw, row in parsed:
+        if not isinstance(row, dict):
+            raise LineError(str(path), lineno, "not a JSON object")
+        try:
+            messages = (
+                []
+                if prompt.system is None
+                else [{"role": "system", "content": prompt.system.format_map(row)}]
+            )
+            messages.append({"role": "user", "content": prompt.user.format_map(row)})
+        except KeyError as exc:
+            raise LineError(
+                str(path),
+                lineno,
+                f"Prompt template references field {exc} but the data row only has fields: "
+                f"{list(row)}",
+            ) from None
+        rcp = dict(row[RCP]) if isinstance(row.get(RCP), dict) else {}
+        out.append((lineno, raw, row | {RCP: rcp | {"input": messages}}))
+    return out
+
+
 def materialize(path: Path, options: MaterializeOptions) -> list[dict[str, Any]]:
     """The materialized rows of ``path`` in NeMo Gym's order and key order."""
     path = check_input_file(path, "--input")
+    prompt = None if options.prompt_config is None else _prompt(options.prompt_config)
     routes, overrides = options.routes(), options.responses_create_params
     task_of_line: dict[bytes, int] = {}
     next_rollout: dict[int, int] = {}
     unrouted: list[int] = []
     overridden: set[str] = set()
     rows: list[dict[str, Any]] = []
-    for lineno, raw in _raw_lines(path, options.limit):
-        row = parse_line(raw, path, lineno)
+    parsed = [(n, raw, parse_line(raw, path, n)) for n, raw in _raw_lines(path, options.limit)]
+    if prompt is not None:
+        print(f"Using prompt config: {options.prompt_config}")
+        parsed = _prompted(parsed, prompt, path)
+    for lineno, raw, row in parsed:
         if not isinstance(row, dict):
             raise LineError(str(path), lineno, "not a JSON object")
         agent = _route(row, routes, overridden)

@@ -180,3 +180,43 @@ def test_nemo_aggregate_equals_ours(tmp_path: Path, nemo_python: Path) -> None:
     assert (tmp_path / "n" / "r.jsonl").read_bytes() == (tmp_path / "o" / "r.jsonl").read_bytes()
     metrics = [(tmp_path / side / "r_aggregate_metrics.json").read_bytes() for side in ("n", "o")]
     assert metrics[0] == metrics[1]
+
+
+def test_prompt_config_materializes_as_0_7_0(tmp_path: Path, nemo_python: Path) -> None:
+    """``+prompt_config`` (a {user, system} template over the rows' fields): our materialized
+    inputs equal 0.7.0's byte for byte, and rows that already have an input are refused."""
+    rows = []
+    for line in DATA.read_bytes().splitlines()[:8]:
+        row = orjson.loads(line)
+        messages = row["responses_create_params"]["input"]
+        rest = {k: v for k, v in row["responses_create_params"].items() if k != "input"}
+        rows.append({"question": messages[-1]["content"], **row, "responses_create_params": rest})
+    (tmp_path / "raw.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    (tmp_path / "prompt.yaml").write_text(
+        "system: 'Solve it. Put the answer in \\\\boxed{{}}.'\nuser: '{question}'\n"
+    )
+    run = NgRun(*fast())
+    try:
+        head = ["+head_server.host=127.0.0.1", f"+head_server.port={run.port}"]
+        collect = ["ng_collect_rollouts", "+input_jsonl_fpath=raw.jsonl", "+num_repeats=2"]
+        collect += ["+prompt_config=prompt.yaml", *head]
+        for python, side in ((nemo_python, "n"), (OURS, "o")):
+            done = _tool(python, *collect, f"+output_jsonl_fpath={side}/r.jsonl", cwd=tmp_path)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            assert "Using prompt config: prompt.yaml" in done.stdout
+        name = "r_materialized_inputs.jsonl"
+        assert (tmp_path / "n" / name).read_bytes() == (tmp_path / "o" / name).read_bytes()
+        assert len(read_jsonl(tmp_path / "o" / "r.jsonl")) == 16
+        (tmp_path / "bad.jsonl").write_bytes(DATA.read_bytes().splitlines(True)[0])
+        bad = _tool(
+            OURS,
+            *collect[:1],
+            "+input_jsonl_fpath=bad.jsonl",
+            *collect[3:],
+            "+output_jsonl_fpath=b/r.jsonl",
+            cwd=tmp_path,
+        )
+    finally:
+        run.stop()
+    assert bad.returncode == 2 and "Violating rows: [0]" in bad.stderr
+    assert not (tmp_path / "b").exists()
