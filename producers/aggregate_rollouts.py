@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 import uvloop
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from rewardstream.command import override_command
 from rewardstream.errors import InputError
@@ -34,10 +34,12 @@ from rewardstream.gym_servers.aggregate import aggregate_metrics
 from rewardstream.overrides import parse_overrides
 from rewardstream.producers.collect import (
     Servers,
+    agent_of,
     metrics_entry,
     metrics_file,
     routes_of,
     server_metrics,
+    validated,
     verify_entry,
 )
 from rewardstream.sinks.files import write_files
@@ -99,11 +101,6 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _agent(row: dict[str, Any]) -> str:
-    ref = row.get("agent_ref")
-    return str(ref.get("name")) if isinstance(ref, dict) else ""
-
-
 async def aggregate(cfg: AggregateConfig) -> tuple[Path | None, Path]:
     """Merge (unless told not to) and aggregate; returns (merged rollouts, metrics file)."""
     if cfg.count_failure_classes_as_zero or cfg.count_missing_rollouts_as_zero:
@@ -128,13 +125,13 @@ async def aggregate(cfg: AggregateConfig) -> tuple[Path | None, Path]:
     results.sort(key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
     kept = [verify_entry(r) for r in results]
     if cfg.aggregate_with_servers:
-        entries = await server_metrics(kept, await routes_of(cfg, {_agent(r) for r in kept}))
+        entries = await server_metrics(kept, await routes_of(cfg, {agent_of(r) for r in kept}))
         if entries is None:
             raise InputError("the servers' /aggregate_metrics failed (see the warning above)")
     else:
         groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
         for entry in kept:
-            key = (_agent(entry), entry.get("_ng_environment_server"))
+            key = (agent_of(entry), entry.get("_ng_environment_server"))
             groups.setdefault(key, []).append(entry)
         entries = [
             metrics_entry(agent, server, aggregate_metrics(rows))
@@ -159,13 +156,7 @@ def _usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     def go(args: list[str]) -> int:
-        config = parse_overrides(args)
-        try:
-            cfg = AggregateConfig.model_validate(config)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            field = ".".join(str(p) for p in err["loc"]) or "config"
-            raise InputError(f"invalid configuration {field!r}: {err['msg']}") from None
+        cfg = validated(AggregateConfig, parse_overrides(args))
         merged, metrics = uvloop.run(aggregate(cfg))
         print("Finished rollout aggregation! View results at:")
         print(f"Merged rollouts: {merged if merged is not None else '<not merged>'}")

@@ -43,7 +43,7 @@ from collections import defaultdict
 from collections.abc import Coroutine, Iterator, Sequence
 from io import FileIO
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
@@ -81,7 +81,23 @@ from rewardstream.producers.run_id import default_run_id
 from rewardstream.producers.wait import wait_profile
 from rewardstream.sinks.files import ProfilePaths, check_replaceable, profile_lines, write_files
 
-__all__ = ["CollectConfig", "CollectReport", "CollectionPaths", "collect", "main"]
+__all__ = [
+    "CollectConfig",
+    "CollectReport",
+    "CollectionPaths",
+    "HeadServer",
+    "Route",
+    "Servers",
+    "agent_of",
+    "collect",
+    "main",
+    "metrics_entry",
+    "metrics_file",
+    "routes_of",
+    "server_metrics",
+    "validated",
+    "verify_entry",
+]
 
 MAX_ATTEMPTS_ENV = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
 DEFAULT_PARALLEL = 100
@@ -93,6 +109,7 @@ _NOT_AGGREGATED = (
 )
 
 Key = tuple[Any, Any]
+_M = TypeVar("_M", bound=BaseModel)
 # an /aggregate_metrics answer's groups, in the order 0.7.0 writes them
 _METRIC_GROUPS = ("agent_metrics", "key_metrics", "group_level_metrics", "repeat_level_metrics")
 
@@ -219,7 +236,7 @@ def _key(row: dict[str, Any]) -> Key:
     return row.get("_ng_task_index"), row.get("_ng_rollout_index")
 
 
-def _agent(row: dict[str, Any]) -> str:
+def agent_of(row: dict[str, Any]) -> str:
     ref = row.get("agent_ref")
     return str(ref.get("name")) if isinstance(ref, dict) else ""
 
@@ -544,7 +561,7 @@ class _Collector:
         async def worker() -> None:
             for row in todo:
                 prior = plan.prior_failures.get(_key(row), 0)
-                await self.run_row(client, run_urls[_agent(row)], row, prior)
+                await self.run_row(client, run_urls[agent_of(row)], row, prior)
                 bar.update(1)
                 self.postfix(bar)
 
@@ -605,7 +622,7 @@ class _Collector:
 
     def served(self, row: dict[str, Any]) -> dict[str, str]:
         """The environment server stamps of a row's outcome (none without a server)."""
-        route = self.routes.get(_agent(row))
+        route = self.routes.get(agent_of(row))
         if route is None or route.server is None or route.kind is None:
             return {}
         return {"_ng_environment_server": route.server, "_ng_result_type": route.kind}
@@ -638,7 +655,7 @@ class _Collector:
         await self.publish(result, self.line)
         reward = result.get("reward")
         if isinstance(reward, int | float):
-            agent = _agent(row)
+            agent = agent_of(row)
             self.reward_sum[agent] += reward
             self.reward_n[agent] += 1
 
@@ -685,7 +702,7 @@ def _failed_event(failed: dict[str, Any], run_id: str) -> AttemptFailed:
     is sent as ``other``)."""
     cls = failed.get("_ng_failure_class")
     word = isinstance(cls, str) and re.fullmatch(r"\w{1,64}", cls) is not None
-    agent = _agent(failed)
+    agent = agent_of(failed)
     return AttemptFailed(
         run_id=run_id,
         task=failed["_ng_task_index"],
@@ -741,7 +758,7 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
         _check_outputs(cfg, paths, resume)
         plan = _resumed(paths, attempts) if resume else _fresh(cfg)
         try:
-            routes = await routes_of(cfg, {_agent(r) for r in plan.rows}) if plan.todo else {}
+            routes = await routes_of(cfg, {agent_of(r) for r in plan.rows}) if plan.todo else {}
             urls = {agent: route.url for agent, route in routes.items()}
             if sink is None and cfg.kafka_bootstrap_servers:
                 topics = Topics.for_prefix(cfg.kafka_topic_prefix)
@@ -873,7 +890,7 @@ async def server_metrics(
     server), over ``kept`` in task and rollout order; None (with a warning) when one fails."""
     by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for entry in sorted(kept, key=lambda e: (e["_ng_task_index"], e["_ng_rollout_index"])):
-        by_agent[_agent(entry)].append(entry)
+        by_agent[agent_of(entry)].append(entry)
     out = []
     async with ClientSession(timeout=ClientTimeout(total=600)) as session:
         for agent, entries in by_agent.items():
@@ -908,14 +925,19 @@ async def _aggregate(
     return True
 
 
-def run(config: dict[str, Any], sink: EventSink | None = None) -> CollectReport:
-    """Validate ``config`` and collect (blocking); prints NeMo Gym's closing lines."""
+def validated(model: type[_M], config: dict[str, Any]) -> _M:
+    """``config`` as ``model``; its first error as one line naming the key."""
     try:
-        cfg = CollectConfig.model_validate(config)
+        return model.model_validate(config)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "config"
         raise InputError(f"invalid configuration {field!r}: {err['msg']}") from None
+
+
+def run(config: dict[str, Any], sink: EventSink | None = None) -> CollectReport:
+    """Validate ``config`` and collect (blocking); prints NeMo Gym's closing lines."""
+    cfg = validated(CollectConfig, config)
     report = uvloop.run(collect(cfg, sink))
     print("Finished rollout collection! View results at:")
     print(f"Fully materialized inputs: {report.paths.inputs}")

@@ -9,6 +9,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -18,7 +19,7 @@ from rewardstream.contract import Topics, task_key
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.pipeline import EventKind
 
-__all__ = ["Processor", "make_topics", "send_events"]
+__all__ = ["Processor", "make_topics", "run_detail", "send_events"]
 
 
 async def make_topics(
@@ -64,6 +65,13 @@ def send_events(
 
 
 Runs = dict[str, dict[str, object]]
+
+
+def run_detail(url: str, run_id: str) -> dict[str, Any]:
+    """A processor's ``GET /runs/<run_id>``: the run's whole-run view."""
+    with urllib.request.urlopen(f"{url}/runs/{run_id}", timeout=10) as r:
+        detail: dict[str, Any] = orjson.loads(r.read())
+    return detail
 
 
 class Processor:

@@ -439,18 +439,21 @@ def test_a_broker_record_that_cannot_be_read_is_kept(tmp_path: Path) -> None:
             assert (tmp_path / "broker.json").read_text() == content
 
 
-def test_collector_refuses_a_topic_prefix_kafka_cannot_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+kafka_topic_prefix=a b", "invalid topic prefix 'a b'"),  # a name Kafka cannot take
+        ("+limit=-1", "'limit'"),
+    ],
+)
+def test_the_collector_refuses_a_bad_value_before_any_output(
+    tmp_path: Path, override: str, message: str
+) -> None:
     inputs, _ = _pair(tmp_path / "a")
     out = tmp_path / "o" / "r.jsonl"
-    proc = run(
-        [
-            script("ng_collect_rollouts"),
-            f"+input_jsonl_fpath={inputs}",
-            f"+output_jsonl_fpath={out}",
-            "+kafka_topic_prefix=a b",
-        ]
-    )
-    assert "invalid topic prefix 'a b'" in assert_one_line_error(proc)
+    command = [script("ng_collect_rollouts"), f"+input_jsonl_fpath={inputs}"]
+    proc = run([*command, f"+output_jsonl_fpath={out}", override])
+    assert message in assert_one_line_error(proc)
     assert not out.parent.exists()
 
 
@@ -502,21 +505,6 @@ def test_ng_run_refuses_a_port_another_server_answers_on(tmp_path: Path) -> None
     finally:
         other.terminate()
         other.wait()
-
-
-def test_a_negative_limit_is_refused_before_any_output(tmp_path: Path) -> None:
-    inputs, _ = _pair(tmp_path / "a")
-    out = tmp_path / "o" / "r.jsonl"
-    proc = run(
-        [
-            script("ng_collect_rollouts"),
-            f"+input_jsonl_fpath={inputs}",
-            f"+output_jsonl_fpath={out}",
-            "+limit=-1",
-        ]
-    )
-    assert "'limit'" in assert_one_line_error(proc)
-    assert not out.parent.exists()
 
 
 def test_replay_leaves_no_spill_files(tmp_path: Path) -> None:

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -32,17 +31,11 @@ from selenium.webdriver.chrome.service import Service
 from rewardstream.contract import RunFinished, Topics, encode
 from rewardstream.processors.page import HISTORY_EVERY
 from tests.golden import file_events, generated_collection
-from tests.processes import Processor, make_topics, send_events
+from tests.processes import Processor, make_topics, run_detail, send_events
 
 pytestmark = pytest.mark.kafka
 DOCS = Path(__file__).parent.parent / "docs"
 CLI = [sys.executable, "-m", "rewardstream.cli"]
-
-
-def _detail(url: str, run_id: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}/runs/{run_id}", timeout=10) as r:
-        detail: dict[str, Any] = orjson.loads(r.read())
-    return detail
 
 
 @pytest.fixture
@@ -95,7 +88,7 @@ def _matches(shown: dict[str, Any], detail: dict[str, Any]) -> bool:
 def _until(chrome: webdriver.Chrome, url: str, run_id: str, state: str) -> dict[str, Any]:
     deadline = time.monotonic() + 30
     while True:
-        detail = _detail(url, run_id)
+        detail = run_detail(url, run_id)
         shown = _page(chrome)
         if detail["state"] == state and _matches(shown, detail):
             return shown
@@ -154,7 +147,7 @@ def test_the_page_shows_the_run_live_in_a_browser(
         snapshot = zipfile.ZipFile(io.BytesIO(r.read()))
         assert r.headers["Content-Disposition"] == 'attachment; filename="r_snapshot.zip"'
     files = {n: snapshot.read(n) for n in snapshot.namelist()}
-    detail = _detail(p.url, "live")
+    detail = run_detail(p.url, "live")
     for agent, mean in _agent_means(files, "r").items():  # pandas' mean, our Welford
         assert math.isclose(detail["agents"][agent]["reward"]["mean"], mean, rel_tol=1e-12)
     browser.execute_script("window.__marker = 'no reload'")
@@ -241,7 +234,7 @@ def test_any_processor_shows_the_whole_run(
     def until(state: str, among: list[Processor]) -> None:
         deadline = time.monotonic() + 60
         while True:
-            details = [_detail(h.url, "w") for h in among]
+            details = [run_detail(h.url, "w") for h in among]
             if all(d["state"] == state for d in details) and same(details):
                 return
             assert time.monotonic() < deadline, details

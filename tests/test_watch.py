@@ -9,26 +9,18 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from rewardstream.contract import Topics
 from tests.golden import file_events, generated_collection
-from tests.processes import Processor, make_topics, send_events
+from tests.processes import Processor, make_topics, run_detail, send_events
 
 pytestmark = pytest.mark.kafka
 CLI = [sys.executable, "-m", "rewardstream.cli"]
-
-
-def _detail(url: str, run_id: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}/runs/{run_id}", timeout=10) as r:
-        detail: dict[str, Any] = orjson.loads(r.read())
-    return detail
 
 
 def _shows(text: str, detail: dict[str, Any]) -> bool:
@@ -66,7 +58,7 @@ def test_watch_shows_the_run_and_follows_it(
         [*CLI, "watch", "--url", p.url, "--once"], capture_output=True, text=True, timeout=60
     )
     assert once.returncode == 0, once.stderr
-    assert _shows(once.stdout, _detail(p.url, "w")), once.stdout
+    assert _shows(once.stdout, run_detail(p.url, "w")), once.stdout
 
     tmux = shutil.which("tmux")
     assert tmux is not None, "tmux is needed (.ci/system-deps)"
@@ -93,10 +85,10 @@ def test_watch_shows_the_run_and_follows_it(
                 assert time.monotonic() < deadline, screen()
                 time.sleep(0.3)
 
-        until(_detail(p.url, "w"))
+        until(run_detail(p.url, "w"))
         send_events(kafka_bootstrap, topics, later, "w")
         p.wait(lambda runs: runs.get("w", {}).get("rollouts") == 400)
-        until(_detail(p.url, "w"))  # redrawn with the new counts and means, no key pressed
+        until(run_detail(p.url, "w"))  # redrawn with the new counts and means, no key pressed
     finally:
         subprocess.run([tmux, *socket, "kill-server"], check=False)
 
