@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rewardstream.contract import RunFinished, RunStarted, checked, encode
 from rewardstream.errors import InputError
+from rewardstream.processors.live import of_state
 from rewardstream.processors.pipeline import Pipeline, Rejected
 from rewardstream.processors.runs import Done, PartView, Run, merge_parts
 from rewardstream.producers.events import input_events, rollout_events
@@ -37,7 +38,8 @@ def finish(pipeline: Pipeline, run: Run) -> ProfilePaths | None:
         return None
     cuts = {n: u.position for n, u in pipeline.units.items()}
     stem = paths.reward_profiling.name.removesuffix("_reward_profiling.jsonl")
-    done = Done(run.inputs, run.rollouts, Pipeline.counts_by_unit(parts), cuts, stem)
+    counts = Pipeline.counts_by_unit(parts)
+    done = Done(run.inputs, run.rollouts, counts, cuts, stem, agents=of_state(merged.state))
     pipeline.mark_final(run.run_id, done)
     log.info("run %s: final profile written to %s", run.run_id, paths.reward_profiling)
     return paths

@@ -23,10 +23,12 @@ from typing import Any
 
 from rewardstream.engine_contract import AgentProgress
 from rewardstream.processors.difficulty import EDGES
-from rewardstream.processors.profile import TOKEN_BINS, TaskFigures
+from rewardstream.processors.passk import curve_ks
+from rewardstream.processors.profile import TOKEN_BINS, TaskFigures, live_figures
+from rewardstream.processors.state import ProfileState
 from rewardstream.processors.welford import Moments, RunningStats
 
-__all__ = ["AgentLive", "History", "merge_agents", "summarize"]
+__all__ = ["AgentLive", "History", "merge_agents", "of_state", "summarize"]
 
 _BINS = len(EDGES) - 1
 
@@ -169,6 +171,12 @@ def summarize(
 ) -> dict[str, AgentLive]:
     """Per agent, the summary of one part (or any set of parts) from its moments and figures."""
     return {agent: AgentLive.of(s, figures.get(agent)) for agent, s in stats.items()}
+
+
+def of_state(state: ProfileState) -> dict[str, AgentLive]:
+    """Per agent, the exact summary of one state (a run's parts merged, when its final is
+    written: what every processor then shows of the done run)."""
+    return summarize(state.live(), live_figures([state], curve_ks))
 
 
 def merge_agents(summaries: Iterable[Mapping[str, AgentLive]]) -> dict[str, AgentLive]:

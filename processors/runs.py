@@ -274,11 +274,10 @@ class Part:
 
     def retire(self, tasks: int) -> None:
         """Drop the state, keys and spill file (the run's final profile is written): keep the
-        counts, the ``tasks`` it completed, its live moments and task figures."""
+        counts, the ``tasks`` it completed and its live moments (the done run's figures are
+        its final's: :attr:`Done.agents`)."""
         if self.final is not None:
             return
-        if self.rollouts != self._figures[0]:
-            self._figures = (self.rollouts, 0.0, live_figures([self.state], curve_ks))
         self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
         self.state, self._keys = ProfileState(), _EveryKey()
         self.delete()
@@ -379,7 +378,7 @@ class Done(NamedTuple):
     cuts: dict[str, int]
     stem: str
     evicted: bool = False
-    agents: dict[str, AgentLive] | None = None  # per agent the final's figures, when told
+    agents: dict[str, AgentLive] | None = None  # per agent the final's figures (exact)
 
 
 class Counts(NamedTuple):

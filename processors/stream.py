@@ -64,11 +64,9 @@ from rewardstream.engine_contract import (
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import make_app, serve
-from rewardstream.processors.live import AgentLive, summarize
+from rewardstream.processors.live import AgentLive, of_state
 from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
-from rewardstream.processors.passk import curve_ks
 from rewardstream.processors.pipeline import EventKind, Late, Pipeline, Rejected, RemoteUnit
-from rewardstream.processors.profile import live_figures
 from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
 from rewardstream.sinks.files import ProfilePaths, write_files, write_final
 from rewardstream.sinks.metrics import Metrics
@@ -713,10 +711,8 @@ class StreamProcessor:
         files = [*paths, *(paths.extras() if aggregates is not None else [])]
         if run.error is not None:  # say so, keep serving
             return
-        # the whole run's figures, exact, for every processor's page once the run is done
-        state = merged.state
-        agents = summarize(state.live(), live_figures([state], curve_ks))
-        del merged, state
+        agents = of_state(merged.state)  # exact, for every processor's page once done
+        del merged
         counts = Pipeline.counts_by_unit(parts)
         record = self._terminal_record(
             run,

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import orjson
 
-from rewardstream.contract import AttemptFailed, encode
+from rewardstream.contract import AttemptFailed, RunFinished, encode
 from rewardstream.engine_contract import AgentProgress
-from rewardstream.processors.live import AgentLive, History
+from rewardstream.processors.inprocess import finish
+from rewardstream.processors.live import AgentLive, History, of_state
 from rewardstream.processors.page import LiveView
 from rewardstream.processors.pipeline import Pipeline, RemoteUnit
 from rewardstream.processors.profile import TOKEN_BINS
-from rewardstream.processors.runs import FIGURES_EVERY, Counts, Done
+from rewardstream.processors.runs import FIGURES_EVERY, Counts, Done, merge_parts
 from tests.golden import file_events, generated_collection
 
 
@@ -83,6 +84,21 @@ def test_reward_by_output_tokens_is_read_from_the_results(tmp_path: Path) -> Non
                 assert got[bin_][0] == n and math.isclose(got[bin_][1], total, rel_tol=1e-12)
             shown = whole[agent].view()["reward_by_output_tokens"]
             assert sum(b["rollouts"] for b in shown) == whole[agent].rollouts
+
+
+def test_a_done_run_shows_its_final_figures_exactly(tmp_path: Path) -> None:
+    """The final carries the whole run's figures from the merged state, so a done run's view
+    is exact (no part's figures, renewed every few seconds, stand in for them)."""
+    with _pipeline(tmp_path, "one", 4) as pipeline:
+        run = pipeline.runs["r"]
+        expected = of_state(merge_parts(run.parts[n] for n in sorted(run.parts)).state)
+        pipeline.handle("control", encode(RunFinished(run_id="r")))
+        assert finish(pipeline, run) is not None and run.terminal is not None
+        assert run.terminal.agents is not None
+        whole = run.whole(0.0)
+        assert whole.keys() == expected.keys()
+        for agent, live in expected.items():
+            _close(whole[agent], live)
 
 
 def test_a_summary_survives_the_member_record(tmp_path: Path) -> None:
