@@ -21,6 +21,7 @@ __all__ = [
     "Summary",
     "describe_groups",
     "pairwise_sum",
+    "quantile_int64",
     "quantile_linear",
     "summarize_present",
     "t_interval",
@@ -107,6 +108,21 @@ def quantile_linear(ordered: F64, p: float) -> float:
     a, b = float(ordered[lo]), float(ordered[lo + 1])
     d = b - a
     return a + d * g if g < 0.5 else b - d * (1 - g)
+
+
+def quantile_int64(values: list[int], p: float) -> float:
+    """numpy's linear quantile of an int64 column (pandas keeps all-int columns so): the gap
+    between the two order statistics is taken in int64, wrapping as numpy's does, before the
+    float lerp; beyond 2**53 that differs from :func:`quantile_linear` of the rounded floats."""
+    ordered = sorted(values)
+    h = (len(ordered) - 1) * p
+    lo = math.floor(h)
+    g = h - lo
+    if g == 0 or lo == len(ordered) - 1:
+        return float(ordered[lo])
+    a, b = ordered[lo], ordered[lo + 1]
+    d = float((b - a + 2**63) % 2**64 - 2**63)
+    return float(a) + d * g if g < 0.5 else float(b) - d * (1 - g)
 
 
 @lru_cache(maxsize=4096)

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 FORMAT = "rewardstream.part"
-VERSION = 2  # 2: results carry answer identities (res_answer)
+VERSION = 3  # 2: results carry answer identities (res_answer); 3: exact ints beyond 2**53 (big_*)
 PART_LIST_TYPE = "application/vnd.rewardstream.parts.v1"
 """A processor's answer to a part request (``GET /parts/<run_id>``): one JSON line,
 ``{"units": {unit: position}}`` for every unit it owns (a unit with no part of the run still

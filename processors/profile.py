@@ -18,7 +18,13 @@ import orjson
 
 from rewardstream.errors import ProfileError
 from rewardstream.processors.difficulty import EDGES, Difficulty, difficulty, task_means
-from rewardstream.processors.kernels import GroupStats, Summary, describe_groups, summarize_present
+from rewardstream.processors.kernels import (
+    GroupStats,
+    Summary,
+    describe_groups,
+    quantile_int64,
+    summarize_present,
+)
 from rewardstream.processors.passk import (
     key_metrics,
     live_ks,
@@ -325,11 +331,29 @@ def _labels(run_key: I64, agent: I64, names: list[str]) -> dict[int, int]:
 
 
 class _Frame(NamedTuple):
-    """Measured matched records in key order, as a dense (rollout x column) matrix."""
+    """Measured matched records in key order, as a dense (rollout x column) matrix; ``big``
+    holds the exact ints beyond 2**53 (column -> row -> value) whose floats the matrix rounds,
+    ``int_columns`` which columns are ints in every row (pandas' int64 columns)."""
 
     columns: list[str]
     values: npt.NDArray[np.float64]
     all_int: bool
+    big: dict[int, dict[int, int]]
+    int_columns: npt.NDArray[np.bool_]
+
+    def exact(self, rows: I64, column: int) -> list[int] | None:
+        """The column's ints over ``rows`` exactly, or None when floats hold them exactly (no
+        big one among them, or not an int column)."""
+        held = self.big.get(column)
+        if not held or not self.int_columns[column]:
+            return None
+        hit = np.flatnonzero(np.isin(rows, np.fromiter(held, np.int64, len(held))))
+        if not len(hit):
+            return None
+        out = list(map(int, self.values[rows, column].tolist()))  # exact up to 2**53
+        for i in hit.tolist():
+            out[i] = held[int(rows[i])]
+        return out
 
 
 def _frame(state: ProfileState, results: I64) -> _Frame:
@@ -362,8 +386,31 @@ def _frame(state: ProfileState, results: I64) -> _Frame:
         for rows, cols in placed:
             pos = starts[results[rows]][:, None] + np.arange(len(cols))
             values[rows[:, None], np.asarray(cols, dtype=np.int64)[None, :]] = pool[pos]
-    all_int = bool(np.all(int_rows == len(results)))
-    return _Frame(list(columns), values, all_int)
+    int_columns = int_rows == len(results)
+    return _Frame(
+        list(columns), values, bool(np.all(int_columns)), _big(state, results, columns), int_columns
+    )
+
+
+def _big(state: ProfileState, results: I64, columns: dict[str, int]) -> dict[int, dict[int, int]]:
+    """:attr:`_Frame.big` from the state's exact ints (few: a search per one)."""
+    big: dict[int, dict[int, int]] = {}
+    if not len(state.big_at):
+        return big
+    schema_of = state.column(state.res_schema)
+    starts, _ = state.value_starts(schema_of)
+    row_of = np.full(len(schema_of), -1, dtype=np.int64)
+    row_of[results] = np.arange(len(results))
+    at = state.column(state.big_at)
+    owner = np.searchsorted(starts, at, side="right") - 1
+    for pos, result, value in zip(
+        at.tolist(), owner.tolist(), state.column(state.big_value).tolist(), strict=True
+    ):
+        row = int(row_of[result])
+        if row >= 0:  # a masked or unmatched result is not in the frame
+            name = state.schemas[int(schema_of[result])][0][pos - int(starts[result])]
+            big.setdefault(columns[name], {})[row] = value
+    return big
 
 
 _CHUNK_VALUES = 1 << 20  # values per vectorised call: bounds the kernels' temporaries (~8 MB each)
@@ -408,13 +455,38 @@ class _StatKeys(NamedTuple):
         ints = [all_int and stat in ("max", "min") for stat in _STATS for _ in columns]
         return cls(keys, ints)
 
-    def row(self, values: list[float]) -> dict[str, Any]:
-        """One group's stats as a dict; missing (NaN) stats omitted."""
-        return {
+    def row(self, values: list[float], exact: dict[int, int] | None = None) -> dict[str, Any]:
+        """One group's stats as a dict; missing (NaN) stats omitted; ``exact`` (key index ->
+        int) overrides an int stat the floats round (:meth:`exact_extremes`)."""
+        out = {
             k: int(v) if i else v
             for k, i, v in zip(self.keys, self.is_int, values, strict=True)
             if v == v  # not NaN
         }
+        for j, value in (exact or {}).items():
+            out[self.keys[j]] = value
+        return out
+
+    def exact_extremes(
+        self, frame: _Frame, rows: I64, starts: I64, sizes: I64
+    ) -> dict[int, dict[int, int]]:
+        """Per group (``rows[starts[g]:][:sizes[g]]``) holding an int beyond 2**53, key index ->
+        its column's exact max and min, written as ints (pandas keeps int64 max/min exact)."""
+        if not frame.big or not any(self.is_int):
+            return {}
+        n = len(frame.columns)
+        top, bottom = _STATS.index("max") * n, _STATS.index("min") * n
+        out: dict[int, dict[int, int]] = {}
+        base = int(starts[0]) if len(starts) else 0
+        span = rows[base : int(starts[-1] + sizes[-1])] if len(starts) else rows[:0]
+        for c in sorted(frame.big):
+            held = np.isin(span, np.fromiter(frame.big[c], np.int64, len(frame.big[c])))
+            for g, (start, size) in enumerate(zip(starts.tolist(), sizes.tolist(), strict=True)):
+                if held[start - base : start - base + size].any():
+                    exact = frame.exact(rows[start : start + size], c)
+                    assert exact is not None  # every column is int here, and one is big
+                    out.setdefault(g, {}).update({top + c: max(exact), bottom + c: min(exact)})
+        return out
 
 
 def _stat_table(stats: GroupStats) -> npt.NDArray[np.float64]:
@@ -451,10 +523,16 @@ class _RowFormat:
         self._head = b"{" + b",".join(fields) + b',"sample":'
 
     def heads(
-        self, tasks: list[int], labels: list[int], table: npt.NDArray[np.float64]
+        self,
+        tasks: list[int],
+        labels: list[int],
+        table: npt.NDArray[np.float64],
+        exact: dict[int, dict[int, int]],
     ) -> list[bytes]:
-        """Each group's line up to its sample value."""
-        bad = np.isnan(table).any(axis=1)
+        """Each group's line up to its sample value (``exact``: see
+        :meth:`_StatKeys.exact_extremes`; such a line goes through the dict path)."""
+        bad = np.asarray(np.isnan(table).any(axis=1), dtype=np.bool_)
+        bad[list(exact)] = True
         columns: list[list[bytes]] = []
         for j, is_int in enumerate(self.stat_keys.is_int):
             column = table[:, j]
@@ -467,7 +545,9 @@ class _RowFormat:
         extra = [[refs[lab] for lab in labels]] if refs is not None else []
         out = [self._head % args for args in zip(tasks, *columns, *extra, strict=True)]
         for i in np.flatnonzero(bad).tolist():
-            head = {"_ng_task_index": tasks[i]} | self.stat_keys.row(table[i].tolist())
+            head = {"_ng_task_index": tasks[i]} | self.stat_keys.row(
+                table[i].tolist(), exact.get(i)
+            )
             if refs is not None:
                 head["agent_ref"] = orjson.Fragment(refs[labels[i]])
             out[i] = orjson.dumps(head)[:-1] + b',"sample":'
@@ -514,13 +594,15 @@ def _summary_keys(s: Summary, keys: tuple[tuple[str, str], ...], suffix: str) ->
 
 
 def _repeat_entries(
-    label: str, rollouts: I64, tasks: I64, values: npt.NDArray[np.float64], columns: list[str]
+    label: str, rollouts: I64, tasks: I64, frame: _Frame, of: I64
 ) -> list[dict[str, Any]]:
+    """The label's repeat-level rows; ``of`` are its rows of ``frame``."""
+    columns = frame.columns
     by_name = sorted(range(len(columns)), key=lambda c: columns[c])
     n_tasks = len(np.unique(tasks))
     entries = []
     for r in np.unique(rollouts).tolist():
-        rows = np.flatnonzero(rollouts == r)
+        rows = of[rollouts == r]
         entry: dict[str, Any] = {
             "agent_ref": {"name": label},
             "_ng_rollout_index": r,
@@ -528,9 +610,12 @@ def _repeat_entries(
             "missing_count": n_tasks - len(rows),
         }
         for c in by_name:
-            s = summarize_present(values[rows, c])
+            s = summarize_present(frame.values[rows, c])
             if s is None:
                 continue
+            exact = frame.exact(rows, c)  # int columns: no NaN, so the same rows as ``s``
+            if exact is not None:
+                s = s._replace(p25=quantile_int64(exact, 0.25), p75=quantile_int64(exact, 0.75))
             entry |= _summary_keys(s, _REPEAT_KEYS, f"/{columns[c]}")
         entries.append(entry)
     return entries
@@ -666,7 +751,8 @@ def _task_rows(
             samples = locator[r.row[keep[starts[lo:hi]]]].tolist()
             arrays = infos.arrays(r.result[keep[starts[lo] : ends[hi - 1]]], nums)
             stats = _describe_segments(r.frame.values, keep, starts[lo:hi], nums)
-            heads = fmt.heads(tasks, labels, _stat_table(stats))
+            exact = fmt.stat_keys.exact_extremes(r.frame, keep, starts[lo:hi], nums)
+            heads = fmt.heads(tasks, labels, _stat_table(stats), exact)
             tails = fmt.tails(nums, exp, arrays)
             yield from map(TaskRow, heads, samples, tails)
 
@@ -683,13 +769,13 @@ def _agent_metrics(
     keys = _StatKeys.of(r.frame.columns, r.frame.all_int)
     for lab in sorted(set(r.label[r.label >= 0].tolist()), key=names.__getitem__):
         rows = np.flatnonzero(r.label == lab)
-        stats = _describe_segments(r.frame.values, rows, one, np.array([len(rows)]))
-        entry = keys.row(_stat_table(stats)[0].tolist())
+        size = np.array([len(rows)])
+        stats = _describe_segments(r.frame.values, rows, one, size)
+        exact = keys.exact_extremes(r.frame, rows, one, size).get(0)
+        entry = keys.row(_stat_table(stats)[0].tolist(), exact)
         entry["agent_ref"] = {"name": names[lab]}
         if len(np.unique(r.rollout[rows])) > 1:
-            entries = _repeat_entries(
-                names[lab], r.rollout[rows], r.task[rows], r.frame.values[rows], r.frame.columns
-            )
+            entries = _repeat_entries(names[lab], r.rollout[rows], r.task[rows], r.frame, rows)
             repeat_metrics.extend(entries)
             entry |= _across_repeats(entries)
         agent_metrics.append(entry)

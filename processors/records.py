@@ -17,6 +17,8 @@ from rewardstream.errors import InvalidRow
 __all__ = ["NO_ANSWER", "ResultRecord", "answer_id", "extract_result"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_EXACT = 2**53
+"""Ints up to this magnitude are exact as floats; beyond it a record keeps them in ``big``."""
 
 NO_ANSWER = _INT64_MIN
 """The answer identity of a result whose answer is missing or null (or not asked for)."""
@@ -26,10 +28,11 @@ class ResultRecord(NamedTuple):
     """The profiled part of one result row.
 
     ``names``/``is_int``/``values`` are the numeric record in column order (bools as 0/1; ints
-    as float64, so ints beyond 2**53 lose precision, as NeMo Gym's means do, though its max/min
-    of an all-int frame would keep them); ``info`` is the serialized ``rollout_infos`` entry;
-    ``masked`` is a truthy ``mask_sample``; ``answer`` the identity (:func:`answer_id`) of the
-    value under the run's answer key, which majority@k votes on.
+    as float64, so ints beyond 2**53 lose precision there, as NeMo Gym's means do); ``info`` is
+    the serialized ``rollout_infos`` entry; ``masked`` is a truthy ``mask_sample``; ``answer``
+    the identity (:func:`answer_id`) of the value under the run's answer key, which majority@k
+    votes on; ``big`` the (column, exact value) of each int beyond 2**53, which NeMo Gym's
+    int64 columns keep exact in max/min and quantiles.
     """
 
     names: tuple[str, ...]
@@ -38,6 +41,7 @@ class ResultRecord(NamedTuple):
     info: bytes
     masked: bool
     answer: int = NO_ANSWER
+    big: tuple[tuple[int, int], ...] = ()
 
 
 def _plain(value: Any) -> Any:
@@ -101,13 +105,16 @@ def extract_result(
     names: list[str] = []
     is_int: list[bool] = []
     values: list[float] = []
+    wide = False  # an int beyond 2**53 was seen (rare: the common path makes one comparison)
     for key, raw in merged.items():
         kind = type(raw)
         if kind is float:
             flag = False
         elif kind is int:
-            if not _INT64_MIN <= raw <= _INT64_MAX:
-                continue  # pandas keeps such ints in an object column: never numeric
+            if not -_EXACT <= raw <= _EXACT:
+                if not _INT64_MIN <= raw <= _INT64_MAX:
+                    continue  # pandas keeps such ints in an object column: never numeric
+                wide = True
             flag = True
         elif kind is bool:
             flag = True
@@ -142,7 +149,13 @@ def extract_result(
     except orjson.JSONEncodeError as exc:  # e.g. a reward nested deeper than orjson writes
         raise InvalidRow(f"field 'reward' cannot be written back as JSON: {exc}") from None
     answer = NO_ANSWER if answer_key is None else answer_id(result.get(answer_key))
-    return ResultRecord(tuple(names), tuple(is_int), tuple(values), encoded, masked, answer)
+    big: tuple[tuple[int, int], ...] = ()
+    if wide:
+        exact = [merged[name] for name in names]
+        big = tuple(
+            (i, v) for i, v in enumerate(exact) if type(v) is int and not -_EXACT <= v <= _EXACT
+        )
+    return ResultRecord(tuple(names), tuple(is_int), tuple(values), encoded, masked, answer, big)
 
 
 def agent_of(row: dict[str, Any]) -> str | None:

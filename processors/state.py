@@ -45,6 +45,7 @@ _COLUMNS = {
         *("res_task", "res_rollout", "res_schema", "res_masked", "res_agent", "res_answer"),
         "info_end",
     ),
+    "big": ("big_at", "big_value"),
 }
 """The typed columns of a state, by the count each one's length must equal (``pool`` is apart:
 its length is the results' widths summed)."""
@@ -112,6 +113,9 @@ class ProfileState:
         self.res_masked = array("b")
         self.res_answer = array("q")  # answer identities (records.answer_id), for majority@k
         self.pool = array("d")
+        # ints beyond 2**53, exact (their floats in the pool are rounded): pool position, value
+        self.big_at = array("q")
+        self.big_value = array("q")
         # rollout_infos entries, in offset order: info_taken bytes handed out (take_infos),
         # then entries merged in (held by reference: never copied, never changed), then
         # info_pool, where this state's own entries are appended
@@ -198,6 +202,13 @@ class ProfileState:
         self.res_masked.extend([record.masked for record in records])
         self.res_answer.extend([record.answer for record in records])
         self.res_agent.extend([name_id(agent) for agent in agents])
+        if any([record.big for record in records]):
+            at = len(self.pool)
+            for record in records:
+                for column, value in record.big:
+                    self.big_at.append(at + column)
+                    self.big_value.append(value)
+                at += len(record.values)
         self.pool.extend(chain.from_iterable([record.values for record in records]))
         infos = [record.info for record in records]
         base = self.info_size
@@ -263,6 +274,9 @@ class ProfileState:
         self.res_schema.extend(array("i", mapped.tobytes()))
         self.res_masked.extend(other.res_masked)
         self.res_answer.extend(other.res_answer)
+        big_at = np.frombuffer(other.big_at, np.int64) + len(self.pool)
+        self.big_at.extend(array("q", big_at.tobytes()))
+        self.big_value.extend(other.big_value)
         self.pool.extend(other.pool)
         if self.info_pool:  # own entries come first: move them where the held ones go
             self.info_held.append(self.info_pool)
@@ -284,7 +298,7 @@ class ProfileState:
         """
         if len(taken_infos) != self.info_taken:
             raise ValueError(f"export needs {self.info_taken} bytes of taken rollout infos")
-        names = [*_COLUMNS["inputs"], *_COLUMNS["results"], "pool"]
+        names = [*_COLUMNS["inputs"], *_COLUMNS["results"], *_COLUMNS["big"], "pool"]
         columns: list[array[Any]] = [getattr(self, name) for name in names]
         infos = [taken_infos, *self.info_segments()]
         sections = [
@@ -294,7 +308,11 @@ class ProfileState:
         header = {
             "names": list(self.names),
             "schemas": list(self.schemas),
-            "counts": {"inputs": self.num_inputs, "results": self.num_results},
+            "counts": {
+                "inputs": self.num_inputs,
+                "results": self.num_results,
+                "big": len(self.big_at),
+            },
             "sections": sections,
         }
         return header, [*columns, *infos]
@@ -311,7 +329,7 @@ class ProfileState:
         """
         state = cls()
         state._set_shapes(header.get("names"), header.get("schemas"))
-        for name in (*_COLUMNS["inputs"], *_COLUMNS["results"], "pool"):
+        for name in (*_COLUMNS["inputs"], *_COLUMNS["results"], *_COLUMNS["big"], "pool"):
             column, data = getattr(state, name), sections.get(name)
             if data is None or data.format != column.typecode:
                 raise ValueError(f"column {name!r} is missing or not {column.typecode!r} values")
@@ -359,6 +377,13 @@ class ProfileState:
             raise ValueError("inconsistent columns: a result's schema is not in the state's")
         if len(self.pool) != self.value_starts(schema)[1]:
             raise ValueError("inconsistent columns: the pool does not hold the results' values")
+        big_at = self.column(self.big_at)
+        if len(big_at) and not (
+            big_at.min() >= 0
+            and big_at.max() < len(self.pool)
+            and np.array_equal(self.column(self.pool)[big_at], self.column(self.big_value))
+        ):
+            raise ValueError("inconsistent columns: an exact int is not one of the pool's")
         for column in (self.in_agent, self.in_server, self.res_agent):
             ids = self.column(column)
             if len(ids) and not _NO_NAME <= ids.min() <= ids.max() < len(self.names):

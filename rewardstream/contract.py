@@ -223,7 +223,9 @@ class RolloutRecord(Struct, forbid_unknown_fields=True, gc=False):
       decoding checks and writes as orjson writes them);
     - ``masked``: a truthy ``mask_sample``: not a measurement;
     - ``answer`` (absent: none): the identity of the value under the run's answer key
-      (:func:`~rewardstream.processors.records.answer_id`), which majority@k votes on.
+      (:func:`~rewardstream.processors.records.answer_id`), which majority@k votes on;
+    - ``big`` (absent: none): ``[column, value]`` of each int column beyond 2**53, exact
+      (its float in ``values`` is rounded).
     """
 
     names: tuple[str, ...]
@@ -232,6 +234,7 @@ class RolloutRecord(Struct, forbid_unknown_fields=True, gc=False):
     info: _JsonObject
     masked: bool
     answer: _Int64 = NO_ANSWER
+    big: tuple[tuple[_Count, _Int64], ...] = ()
 
 
 class Rollout(_Event, kw_only=True, gc=False):
@@ -262,8 +265,25 @@ class Rollout(_Event, kw_only=True, gc=False):
             if not len(rec.names) == len(rec.is_int) == len(rec.values):
                 message = "names, ints and values must have the same length"
                 raise BadEvent("invalid-event", message, "record")
+            if rec.big:
+                _check_big(rec)
             fields = (rec.names, rec.is_int, rec.values, bytes(rec.info), rec.masked, rec.answer)
-            self.record = _new_tuple(ResultRecord, fields)  # ResultRecord(*fields), faster
+            self.record = _new_tuple(ResultRecord, (*fields, rec.big))  # ResultRecord(*...), faster
+
+
+def _check_big(rec: RolloutRecord) -> None:
+    """Each exact int names an int column whose float it rounds to (else a profile could write
+    a max the values never had)."""
+    for column, value in rec.big:
+        if not (
+            column < len(rec.values)
+            and rec.is_int[column]
+            and float(value) == rec.values[column]
+            and abs(value) > 2**53
+        ):
+            raise BadEvent(
+                "invalid-event", f"[{column}, {value}] is not an int column's", "record.big"
+            )
 
 
 class RunStarted(_Event, kw_only=True):
@@ -351,7 +371,7 @@ _KEEP = object()
 _asdict = msgspec.structs.asdict
 
 
-_NAMES, _INTS, _VALUES, _INFO, _MASKED, _ANSWER = RolloutRecord.__struct_encode_fields__
+_NAMES, _INTS, _VALUES, _INFO, _MASKED, _ANSWER, _BIG = RolloutRecord.__struct_encode_fields__
 
 
 def _wire(value: object) -> dict[str, Any]:
@@ -359,11 +379,13 @@ def _wire(value: object) -> dict[str, Any]:
     (without ``answer`` when there is none: the events of a run without an answer key are
     what they were before answers existed)."""
     if type(value) is ResultRecord:
-        names, is_int, values, info, masked, answer = value
+        names, is_int, values, info, masked, answer, big = value
         raw = orjson.Fragment(info)  # already serialized by extract_result
         wire = {_NAMES: names, _INTS: is_int, _VALUES: values, _INFO: raw, _MASKED: masked}
         if answer != NO_ANSWER:
             wire[_ANSWER] = answer
+        if big:
+            wire[_BIG] = big
         return wire
     raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 

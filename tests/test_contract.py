@@ -36,7 +36,7 @@ from rewardstream.contract import (
     reject_reason,
     task_key,
 )
-from rewardstream.processors.records import ResultRecord
+from rewardstream.processors.records import ResultRecord, extract_result
 
 
 def test_encoders_write_the_schema_2_bytes() -> None:
@@ -59,6 +59,19 @@ def test_encoders_write_the_schema_2_bytes() -> None:
     assert encode(event) == raw
     assert decode_rollout(raw) == event
     assert decode_rollouts([raw, raw]) == [event, event]
+
+
+def test_exact_ints_travel_with_their_record() -> None:
+    big = 2**62 + 1
+    record = extract_result({"n": big, "reward": 1}, 0, 0)
+    assert record.big == ((0, big),) and record.values[0] == float(big)
+    raw = encode_rollout("r", 0, 0, None, record, 1.0)
+    assert b'"big":[[0,4611686018427387905]]' in raw
+    assert decode_rollout(raw).record == record
+    assert b'"big"' not in encode_rollout("r", 0, 0, None, extract_result({"n": 2**53}, 0, 0), 1.0)
+    for bad in (b"[[1,4611686018427387905]]", b"[[0,4611686018427387904000]]", b"[[0,7]]"):
+        with pytest.raises(BadEvent, match=r"record\.big"):
+            decode_rollout(raw.replace(b"[[0,4611686018427387905]]", bad))
 
 
 def test_control_events_round_trip() -> None:
@@ -136,13 +149,21 @@ def test_each_event_writes_its_json_schema() -> None:
     assert rollout["properties"]["task"]["maximum"] == 2**63 - 1
     assert rollout["properties"]["record"] == {"$ref": "#/$defs/RolloutRecord"}
     assert "published_at" in rollout["description"]  # field docs: the class docstring
-    assert list(record["properties"]) == ["names", "ints", "values", "info", "masked", "answer"]
-    assert record["required"] == ["names", "ints", "values", "info", "masked"]  # answer: optional
+    assert list(record["properties"]) == [
+        *("names", "ints", "values", "info", "masked", "answer", "big")
+    ]
+    assert record["required"] == [
+        "names",
+        "ints",
+        "values",
+        "info",
+        "masked",
+    ]  # answer, big: optional
     assert record["properties"]["info"] == {"type": "object"}
     assert record["properties"]["values"]["items"]["maximum"] == sys.float_info.max  # finite
     assert components["Input"]["properties"]["line"]["minimum"] == 0
     assert components["RunStarted"]["properties"]["output_stem"]["pattern"] == r"^[\w.-]+$"
-    fields = ("names", "ints", "values", "info", "masked", "answer")
+    fields = ("names", "ints", "values", "info", "masked", "answer", "big")
     assert RolloutRecord.__struct_encode_fields__ == fields
 
 
@@ -212,8 +233,13 @@ def oracle_rollout(raw: bytes) -> tuple[str, Any]:
         and (d.get("agent") is None or type(d["agent"]) is str)
         and _number(at)
         and type(rec) is dict
-        and set(rec) - {"answer"} == {"names", "ints", "values", "info", "masked"}
+        and set(rec) - {"answer", "big"} == {"names", "ints", "values", "info", "masked"}
         and ("answer" not in rec or _int(rec["answer"]))
+        and (
+            type(rec.get("big", [])) is list
+            and all(type(p) is list and len(p) == 2 for p in rec.get("big", []))
+            and all(_int(c, 0) and _int(v) for c, v in rec.get("big", []))
+        )
     )
     if not ok:
         return ("reject", "invalid-event")
@@ -231,6 +257,13 @@ def oracle_rollout(raw: bytes) -> tuple[str, Any]:
     )
     if not ok:
         return ("reject", "invalid-event")
+    big = tuple((c, v) for c, v in rec.get("big", []))
+    exact = all(
+        c < len(values) and ints[c] and float(v) == float(values[c]) and abs(v) > 2**53
+        for c, v in big
+    )
+    if not exact:
+        return ("reject", "invalid-event")
     try:
         info_bytes = orjson.dumps(info)
     except orjson.JSONEncodeError:  # nested deeper than orjson writes
@@ -243,6 +276,7 @@ def oracle_rollout(raw: bytes) -> tuple[str, Any]:
         info_bytes,
         rec["masked"],
         answer,
+        big,
     )
     return ("ok", (d["run_id"], d["task"], d["rollout"], d.get("agent"), record, float(at)))
 
@@ -336,7 +370,7 @@ _PATHS: list[tuple[str, ...]] = [
 ]
 _PATHS += [
     ("record",),
-    *(("record", k) for k in ("names", "ints", "values", "info", "masked", "answer")),
+    *(("record", k) for k in ("names", "ints", "values", "info", "masked", "answer", "big")),
 ]
 _ODD = st.one_of(
     st.none(),

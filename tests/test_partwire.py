@@ -31,7 +31,10 @@ from rewardstream.sinks.files import ProfilePaths, write_profile
 ME = {"group": "g", "run_id": "r"}
 
 number = st.one_of(
-    st.booleans(), st.integers(-(2**40), 2**40), st.floats(-1e6, 1e6, allow_nan=False)
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.integers(-(2**63), 2**63 - 1),  # beyond 2**53: exact ints travel beside the floats
+    st.floats(-1e6, 1e6, allow_nan=False),
 )
 text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8)
 
@@ -259,6 +262,15 @@ def test_inconsistent_columns_are_refused(tmp_path: Path) -> None:
     message = _refused(encode_parts([(part, ME)])[_FRAME:])
     assert message.startswith("the part's state is unusable: inconsistent columns")
     assert message.endswith("'in_rollout' holds 1 of the state's 2 inputs")
+
+
+def test_an_exact_int_that_is_not_its_value_is_refused(tmp_path: Path) -> None:
+    part = Part(tmp_path / "rollout-0.spill")
+    record = extract_result({"n": 2**60 + 1, "_ng_task_index": 0, "_ng_rollout_index": 0}, 0, 0)
+    part.add_rollouts([Rollout(run_id="r", task=0, rollout=0, record=record, published_at=0.0)])
+    part.state.big_value[0] += 2**20  # no longer what the pool's float rounds
+    message = _refused(encode_parts([(part, ME)])[_FRAME:])
+    assert message.endswith("inconsistent columns: an exact int is not one of the pool's")
 
 
 def test_identity_fields_cannot_shadow_the_header(tmp_path: Path) -> None:
