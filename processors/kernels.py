@@ -10,8 +10,10 @@ summed in one vectorised call instead of one call per group.
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +21,7 @@ import numpy.typing as npt
 __all__ = [
     "GroupStats",
     "Summary",
+    "builtin_sum",
     "describe_groups",
     "pairwise_sum",
     "quantile_int64",
@@ -108,6 +111,33 @@ def quantile_linear(ordered: F64, p: float) -> float:
     a, b = float(ordered[lo]), float(ordered[lo + 1])
     d = b - a
     return a + d * g if g < 0.5 else b - d * (1 - g)
+
+
+def builtin_sum(items: Iterable[Any]) -> Any:
+    """CPython >= 3.12's ``sum(items)`` on any Python (NeMo Gym runs on 3.13), transcribed from
+    its ``Objects/bltinmodule.c``: ints exactly while only ints come, then floats with
+    Neumaier's compensation (an int item after that is added as a float, uncompensated)."""
+    if sys.version_info >= (3, 12):
+        return sum(items)
+    it = iter(items)
+    result: Any = 0
+    for item in it:
+        result = result + item
+        if type(result) is float:
+            break
+    else:
+        return result
+    f, c = result, 0.0
+    for x in it:
+        if type(x) is float:
+            t = f + x
+            c += (f - t) + x if abs(f) >= abs(x) else (x - t) + f
+            f = t
+        else:
+            f += float(x)
+    if c and math.isfinite(c):
+        f += c
+    return f
 
 
 def quantile_int64(values: list[int], p: float) -> float:

@@ -6,46 +6,20 @@ plain Python over lists of dicts so that ``rewardstream.processors.passk``, whic
 same numbers from columns, is checked against the definition rather than against itself.
 
 NeMo Gym 0.7.0 runs on Python >= 3.13, whose built-in ``sum`` of floats is compensated
-(Neumaier, since 3.12): :func:`psum` is that ``sum`` on any Python, transcribed from
-CPython's ``Objects/bltinmodule.c``.
+(Neumaier, since 3.12): :func:`psum` is that ``sum`` on any Python
+(:func:`rewardstream.processors.kernels.builtin_sum`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-import sys
 from collections import Counter
-from collections.abc import Iterable
 from typing import Any
 
+from rewardstream.processors.kernels import builtin_sum as psum
+
 STATS = ("std_dev_across_runs", "std_err_across_runs", "avg_sample_std_dev")
-
-
-def psum(items: Iterable[Any]) -> Any:
-    """CPython >= 3.12's ``sum(items)``: ints exactly while only ints come, then floats with
-    Neumaier's compensation (an int item after that is added as a float, uncompensated)."""
-    if sys.version_info >= (3, 12):
-        return sum(items)
-    it = iter(items)
-    result: Any = 0
-    for item in it:
-        result = result + item
-        if type(result) is float:
-            break
-    else:
-        return result
-    f, c = result, 0.0
-    for x in it:
-        if type(x) is float:
-            t = f + x
-            c += (f - t) + x if abs(f) >= abs(x) else (x - t) + f
-            f = t
-        else:
-            f += float(x)
-    if c and math.isfinite(c):
-        f += c
-    return f
 
 
 def compute_pass_majority_metrics(

@@ -114,10 +114,22 @@ for rows in json.load(open(sys.argv[1])):
 
 def test_aggregate_metrics_equal_0_7_0s(tmp_path: Path, nemo_python: Path) -> None:
     """Our servers' ``/aggregate_metrics`` against 0.7.0's ``compute_aggregate_metrics``: the
-    same JSON, keys in the same order, for a measured, a partly and a fully masked run."""
+    same JSON, keys in the same order, for a measured, a partly and a fully masked run, with
+    and without ``ng_perf`` records (``perf_summary``: int and float fields, some missing)."""
 
-    def rows(masked: set[int]) -> list[dict[str, Any]]:
-        return [
+    def perf(i: int, ints: bool) -> dict[str, Any]:
+        record: dict[str, Any] = {"num_turns": i % 3 + (0 if i % 5 else 1)}
+        record["token_observability_coverage"] = [0.0, 0.5, 1][i % 3]
+        record["total_latency_ms"] = 40 * i + 3 if ints else 12.5 * i + 0.1 * (i % 7)
+        if i % 4:
+            record["completion_tokens"] = 100 + 37 * i
+            record["prompt_tokens"] = 1000 + 3 * i if ints else 1000.5 + i / 3
+        if i % 6 == 1:
+            record["cached_prompt_tokens"] = i
+        return record
+
+    def rows(masked: set[int], perfs: str = "") -> list[dict[str, Any]]:
+        out = [
             {
                 "_ng_task_index": t,
                 "_ng_rollout_index": r,
@@ -129,8 +141,13 @@ def test_aggregate_metrics_equal_0_7_0s(tmp_path: Path, nemo_python: Path) -> No
             for t in range(4)
             for r in range(3)
         ]
+        for i, row in enumerate(out):
+            if perfs and i % 5 != 2:  # some rollouts carry none
+                row["ng_perf"] = perf(i, perfs == "ints")
+        return out
 
     cases = [rows(set()), rows({0, 5, 6}), rows(set(range(12)))]
+    cases += [rows(set(), "ints"), rows({0, 5, 6}, "floats"), rows(set(range(12)), "floats")]
     path = tmp_path / "cases.json"
     path.write_bytes(orjson.dumps(cases))
     proc = subprocess.run(
