@@ -1,7 +1,7 @@
 """Drop-in both ways with the real nemo-gym 0.7.0 (``NEMO_GYM_PYTHON``: its environment's
 Python, ``.ci/nemo-reference``): NeMo Gym's own ``ng_collect_rollouts`` against our ``ng_run``
-with the bundled config, unchanged; its ``compute_aggregate_metrics`` against our servers'
-``/aggregate_metrics``.
+with the bundled config, unchanged; ours against its own ``ng_run`` with its string_match
+environment; its ``compute_aggregate_metrics`` against our servers' ``/aggregate_metrics``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 
 from rewardstream.gym_servers.aggregate import aggregate_metrics
-from tests.gym import POLICY, NgRun, fast, read_jsonl
+from tests.gym import POLICY, NgRun, fast, ng_run, read_jsonl
+from tests.nemo import nemo_ng_run, site_packages
 
 DATA = Path(__file__).parent.parent / "gym_servers" / "data" / "arithmetic.jsonl"
 OURS = Path(sys.executable)
@@ -62,9 +63,55 @@ def test_nemo_collector_on_our_servers(tmp_path: Path, nemo_python: Path) -> Non
         assert row["_ng_result_type"] == "legacy_agent"
     assert (tmp_path / "n" / "r_failures.jsonl").read_bytes() == b""
 
-    # the two collectors: the same inputs, the same rows but the model's ids and times
-    for name in ("r_materialized_inputs.jsonl",):
-        assert (tmp_path / "n" / name).read_bytes() == (tmp_path / "o" / name).read_bytes()
+    _same_collections(tmp_path / "n", tmp_path / "o")
+    _same_profiles(tmp_path, tmp_path / "n", nemo_python)
+
+
+def test_our_collector_on_nemo_servers(tmp_path: Path, nemo_python: Path) -> None:
+    """Our ``ng_collect_rollouts`` against NeMo Gym 0.7.0's own ``ng_run`` with its string_match
+    environment (its model server proxying to our simulated policy): the agent found by its
+    instance name through NeMo's head server, every rollout through NeMo's environment server,
+    and the same files as NeMo's own collector writes against the same servers."""
+    data = tmp_path / "in.jsonl"  # NeMo's example rows, and ours that our policy solves
+    example = site_packages(nemo_python) / "resources_servers/string_match/data/example.jsonl"
+    ours = [
+        orjson.dumps(
+            {**{k: v for k, v in row.items() if k != "agent_ref"}, "extraction_mode": "boxed"}
+        )
+        + b"\n"
+        for row in read_jsonl(DATA)[:10]
+    ]
+    data.write_bytes(example.read_bytes() + b"".join(ours))
+    with ng_run(*fast(), f"{POLICY}.seed=7") as policy:
+        model = f"+policy_base_url={policy.url('policy_model')}/v1"
+        with nemo_ng_run(
+            nemo_python, tmp_path, model, "+policy_api_key=dummy", "+policy_model_name=simulated"
+        ) as port:
+            common = [f"+input_jsonl_fpath={data}", "+agent_name=string_match_simple_agent"]
+            common += ["+num_repeats=3", "+num_repeats_add_seed=true", f"+head_server.port={port}"]
+            common += ["+head_server.host=127.0.0.1", "+responses_create_params.temperature=1.0"]
+            out = "+output_jsonl_fpath"
+            mine = _tool(OURS, "ng_collect_rollouts", *common, f"{out}=o/r.jsonl", cwd=tmp_path)
+            assert mine.returncode == 0, mine.stderr[-2000:]
+            theirs = _tool(
+                nemo_python, "ng_collect_rollouts", *common, f"{out}=n/r.jsonl", cwd=tmp_path
+            )
+            assert theirs.returncode == 0, theirs.stdout[-2000:] + theirs.stderr[-2000:]
+    rows = read_jsonl(tmp_path / "o" / "r.jsonl")
+    assert len(rows) == 45
+    assert {0.0, 1.0} <= {row["reward"] for row in rows}  # and 0.98, a close number
+    for row in rows:
+        assert row["_ng_environment_server"] == "string_match_environment_server"
+        assert row["_ng_result_type"] == "legacy_agent"
+    _same_collections(tmp_path / "n", tmp_path / "o")
+    _same_profiles(tmp_path, tmp_path / "o", nemo_python)
+
+
+def _same_collections(nemo: Path, ours: Path) -> None:
+    """Two collectors' files from the same servers: the same materialized inputs and failures,
+    the same rows but the model's random ids and times, the same aggregate metrics' shape."""
+    for name in ("r_materialized_inputs.jsonl", "r_failures.jsonl"):
+        assert (nemo / name).read_bytes() == (ours / name).read_bytes(), name
 
     def keyed(rows: list[dict[str, object]]) -> dict[object, bytes]:
         out: dict[object, bytes] = {}
@@ -77,19 +124,20 @@ def test_nemo_collector_on_our_servers(tmp_path: Path, nemo_python: Path) -> Non
             out[(row["_ng_task_index"], row["_ng_rollout_index"])] = orjson.dumps(row)
         return out
 
-    assert keyed(nemo_rows) == keyed(read_jsonl(tmp_path / "o" / "r.jsonl"))
+    assert keyed(read_jsonl(nemo / "r.jsonl")) == keyed(read_jsonl(ours / "r.jsonl"))
     aggregates = [
-        orjson.loads((tmp_path / side / "r_aggregate_metrics.json").read_bytes())
-        for side in ("n", "o")
+        orjson.loads((side / "r_aggregate_metrics.json").read_bytes()) for side in (nemo, ours)
     ]
     assert [list(e) for e in aggregates[0]] == [list(e) for e in aggregates[1]]
 
-    # both profilers on NeMo's files: byte for byte
+
+def _same_profiles(tmp_path: Path, collected: Path, nemo_python: Path) -> None:
+    """Both profilers on one collection's files: byte for byte."""
     for side, python in (("pn", nemo_python), ("po", OURS)):
         folder = tmp_path / side
         folder.mkdir()
         for name in ("r.jsonl", "r_materialized_inputs.jsonl"):
-            (folder / name).write_bytes((tmp_path / "n" / name).read_bytes())
+            (folder / name).write_bytes((collected / name).read_bytes())
         done = _tool(
             python,
             "ng_reward_profile",
