@@ -14,12 +14,20 @@ equals: ``tests/test_nemo_interop.py``) are computed here; ``+aggregate_with_ser
 asks each agent's environment server instead, as 0.7.0 does (for agents with metrics of their
 own). Both files are written together or not at all, and an output that is one of the shards
 is refused (re-running would read the merged file as a shard).
+
+``+count_failure_classes_as_zero=[agent_run_error]`` and ``+count_missing_rollouts_as_zero=true``
+put failed or lost rollouts in the metrics' denominator as zeros, as 0.7.0 does: each shard read
+against its own ``_failures.jsonl`` and ``_materialized_inputs.jsonl``, a rollout keyed by the
+environment server that scores it (an unstamped row's agent's one server, which the shards'
+stamped rows tell without asking the servers), the last recorded attempt standing, the zeros
+given their task's dataset fields; no file but the metrics changes.
 """
 
 from __future__ import annotations
 
 import glob
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -74,7 +82,8 @@ def shards(input_glob: str) -> list[Path]:
     return [Path(p) for p in seen]
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
+def _rows(path: Path, keyed: bool = True) -> list[dict[str, Any]]:
+    """The JSON rows of a file, blank lines skipped; ``keyed``: each with integer indices."""
     out = []
     try:
         with path.open("rb") as fh:
@@ -88,8 +97,11 @@ def _rows(path: Path) -> list[dict[str, Any]]:
                     raise InputError(
                         f"Malformed JSON in '{path}' at line {lineno}: {exc}"
                     ) from None
-                if not isinstance(row, dict) or not all(
-                    isinstance(row.get(k), int) for k in ("_ng_task_index", "_ng_rollout_index")
+                if not isinstance(row, dict) or (
+                    keyed
+                    and not all(
+                        isinstance(row.get(k), int) for k in ("_ng_task_index", "_ng_rollout_index")
+                    )
                 ):
                     raise InputError(
                         f"{path} line {lineno}: a rollout row needs integer _ng_task_index and "
@@ -101,13 +113,195 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-async def aggregate(cfg: AggregateConfig) -> tuple[Path | None, Path]:
-    """Merge (unless told not to) and aggregate; returns (merged rollouts, metrics file)."""
-    if cfg.count_failure_classes_as_zero or cfg.count_missing_rollouts_as_zero:
-        raise InputError(
-            "count_failure_classes_as_zero and count_missing_rollouts_as_zero are not "
-            "supported by rewardstream's ng_aggregate_rollouts yet"
+def _sidecar(shard: Path, suffix: str) -> Path:
+    return shard.with_name(f"{shard.stem}{suffix}")
+
+
+Key = tuple[Any, Any]
+
+
+def _key(row: dict[str, Any]) -> Key:
+    return (row.get("_ng_task_index"), row.get("_ng_rollout_index"))
+
+
+def _latest_failures(path: Path) -> dict[Key, dict[str, Any]]:
+    """The last attempt recorded for each rollout in a failures sidecar (none: no file)."""
+    if not path.exists():
+        return {}
+    return {_key(row): row for row in _rows(path, keyed=False)}
+
+
+class _Zeros:
+    """0.7.0's zero-counting (``_counted_failure_row``, ``_missing_rollout_rows_counted_as_zero``,
+    ``_fill_task_fields``): the rows it adds to the metrics' input, and what it reports."""
+
+    def __init__(self, results: list[dict[str, Any]]) -> None:
+        # an unstamped row's group is its agent's one environment server: the stamped rows say
+        servers: dict[str | None, set[str]] = {}
+        for row in results:
+            stamp = row.get("_ng_environment_server")
+            if isinstance(stamp, str):
+                servers.setdefault(_agent(row), set()).add(stamp)
+        self.server_of = {a: next(iter(s)) for a, s in servers.items() if len(s) == 1}
+        self.lines: list[str] = []
+        self.imputed = 0  # materialized rollouts with no row, scored as zeros
+
+    def server(self, row: dict[str, Any]) -> str | None:
+        """The environment server that scores a row: its stamp, else its agent's one server."""
+        stamp = row.get("_ng_environment_server")
+        return stamp if isinstance(stamp, str) else self.server_of.get(_agent(row))
+
+    def group(self, row: dict[str, Any]) -> Any:
+        return self.server(row) or _agent(row)
+
+    def identity(self, row: dict[str, Any]) -> tuple[Any, Any, Any]:
+        return (self.group(row), *_key(row))
+
+    def counted(
+        self, cfg: AggregateConfig, shard_rows: dict[Path, list[dict[str, Any]]]
+    ) -> tuple[list[dict[str, Any]], Counter[str]]:
+        """The rows to score as zeros, and the classes of the failures left out of the score."""
+        found = list(shard_rows)
+        results = [row for rows in shard_rows.values() for row in rows]
+        shard_keys = {path: {_key(row) for row in rows} for path, rows in shard_rows.items()}
+        latest: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+        for path in found:
+            for key, row in _latest_failures(_sidecar(path, "_failures.jsonl")).items():
+                if key not in shard_keys[path]:
+                    latest[self.identity(row)] = row
+        landed = {self.identity(r) for r in results}
+        wanted = set(cfg.count_failure_classes_as_zero)
+        counted = [
+            _counted_failure_row(row)
+            for identity, row in latest.items()
+            if identity not in landed
+            and row.get("_ng_failure_class") in wanted
+            and _routing_identity(row) is not None
+        ]
+        if wanted:
+            self.lines.append(
+                f"Counting {len(counted)} failure row(s) as scored zeros: "
+                f"{cfg.count_failure_classes_as_zero}"
+            )
+        missing: list[dict[str, Any]] = []
+        if cfg.count_missing_rollouts_as_zero:
+            accounted = landed | set(latest)
+            for path in found:
+                for zero in self._missing(path, set(shard_keys[path])):
+                    if self.identity(zero) not in accounted:
+                        accounted.add(self.identity(zero))
+                        missing.append(zero)
+            self.lines.append(
+                f"Counting {len(missing)} materialized rollout(s) with no row as scored zeros"
+            )
+            counted += missing
+        self.imputed = len(missing)
+        if counted:
+            self._fill_task_fields(counted, results, found)
+        ids = {self.identity(r) for r in counted}
+        dropped = Counter(
+            row.get("_ng_failure_class") or "unknown"
+            for identity, row in latest.items()
+            if identity not in landed and identity not in ids
         )
+        return counted, dropped
+
+    def _missing(self, path: Path, scored: set[Key]) -> list[dict[str, Any]]:
+        materialized = _sidecar(path, "_materialized_inputs.jsonl")
+        recorded = set(_latest_failures(_sidecar(path, "_failures.jsonl")))
+        if not materialized.exists():
+            print(
+                f"[WARNING] {materialized} is missing; rollouts owed by that shard cannot be "
+                "counted"
+            )
+            return []
+        zeros, unroutable = [], 0
+        for row in _rows(materialized):
+            key = _key(row)
+            if key in scored or key in recorded:
+                continue
+            if _routing_identity(row) is None:
+                unroutable += 1
+                continue
+            scored.add(key)
+            zero = {
+                "_ng_task_index": key[0],
+                "_ng_rollout_index": key[1],
+                "agent_ref": row.get("agent_ref"),
+                "reward": 0.0,
+            }
+            if "_ng_environment_server" in row:
+                zero["_ng_environment_server"] = row["_ng_environment_server"]
+            zeros.append(zero)
+        if unroutable:
+            print(
+                f"[WARNING] {unroutable} materialized rollout(s) name no agent or environment "
+                "server and are not counted"
+            )
+        return zeros
+
+    def _fill_task_fields(
+        self, added: list[dict[str, Any]], real: list[dict[str, Any]], found: list[Path]
+    ) -> None:
+        """The added rows get their task's dataset fields that real rows of their group carry."""
+        wanted = {self.identity(row): row for row in added}
+        carried: dict[Any, set[str]] = {}
+        for row in real:
+            carried.setdefault(self.group(row), set()).update(row)
+        for path in found:
+            materialized = _sidecar(path, "_materialized_inputs.jsonl")
+            for source in _rows(materialized) if materialized.exists() else []:
+                target = wanted.get(self.identity(source))
+                if target is None:
+                    continue
+                for key in carried.get(self.group(source), set()) & source.keys():
+                    if key[:1] != "_" and key not in ("responses_create_params", "response"):
+                        target.setdefault(key, source[key])
+
+    def coverage(self, scored: int, dropped: Counter[str]) -> str:
+        """0.7.0's ``_coverage_report``: how much of the input the score covers."""
+        expected, report = scored + sum(dropped.values()), ""
+        if expected > scored:
+            routed = ", ".join(f"{n} {name}" for name, n in sorted(dropped.items()))
+            routed = f"{routed} routed this run; " if routed else ""
+            report = (
+                f"\nRollouts missing from the score: {expected - scored} of {expected} "
+                f"materialized ({routed}see the shards' _failures.jsonl sidecars)"
+                f"\nMetrics cover: {scored} of {expected} rollouts"
+            )
+        if self.imputed:
+            report += (
+                f"\nScored as zero because they left no row: {self.imputed} of {expected} rollouts"
+            )
+        return report
+
+
+def _agent(row: dict[str, Any]) -> str | None:
+    ref = row.get("agent_ref")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _routing_identity(row: dict[str, Any]) -> Any:
+    return _agent(row) or row.get("_ng_environment_server")
+
+
+def _counted_failure_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The metrics-only copy of a failure row counted as zero: diagnostics left out (an HTTP
+    status is a number, which the metrics would average), unmasked, reward 0 unless it has one."""
+    scored = {
+        k: v
+        for k, v in row.items()
+        if not k.startswith("_ng_failure_") and k not in ("failure_kind", "failure_reason")
+    }
+    scored["mask_sample"] = False
+    scored.setdefault("reward", 0.0)
+    return scored
+
+
+async def aggregate(cfg: AggregateConfig) -> tuple[Path | None, Path, str]:
+    """Merge (unless told not to) and aggregate; returns (merged rollouts, metrics file, the
+    coverage report)."""
     found = shards(cfg.input_glob)
     if not found:
         raise InputError(f"No shards matched input_glob={cfg.input_glob!r}")
@@ -120,10 +314,16 @@ async def aggregate(cfg: AggregateConfig) -> tuple[Path | None, Path]:
     print(f"Aggregating {len(found)} shard(s):")
     for path in found:
         print(f"  - {path}")
-    results = [row for path in found for row in _rows(path)]
+    shard_rows = {path: _rows(path) for path in found}
+    results = [row for rows in shard_rows.values() for row in rows]
     print(f"Loaded {len(results)} rollout record(s) from {len(found)} shard(s)")
     results.sort(key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
-    kept = [verify_entry(r) for r in results]
+    zeros = _Zeros(results)
+    counted, dropped = zeros.counted(cfg, shard_rows)
+    for line in zeros.lines:
+        print(line)
+    scored = sorted(results + counted, key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
+    kept = [verify_entry(r) for r in scored]
     if cfg.aggregate_with_servers:
         entries = await server_metrics(kept, await routes_of(cfg, {agent_of(r) for r in kept}))
         if entries is None:
@@ -131,7 +331,7 @@ async def aggregate(cfg: AggregateConfig) -> tuple[Path | None, Path]:
     else:
         groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
         for entry in kept:
-            key = (agent_of(entry), entry.get("_ng_environment_server"))
+            key = (agent_of(entry), zeros.server(entry))
             groups.setdefault(key, []).append(entry)
         entries = [
             metrics_entry(agent, server, aggregate_metrics(rows))
@@ -147,7 +347,7 @@ async def aggregate(cfg: AggregateConfig) -> tuple[Path | None, Path]:
     except OSError as exc:
         raise InputError(f"Cannot write '{output.parent}': {exc.strerror or exc}") from None
     write_files(files)
-    return (output if cfg.merge_shards else None), metrics
+    return (output if cfg.merge_shards else None), metrics, zeros.coverage(len(scored), dropped)
 
 
 def _usage() -> str:
@@ -157,10 +357,10 @@ def _usage() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     def go(args: list[str]) -> int:
         cfg = validated(AggregateConfig, parse_overrides(args))
-        merged, metrics = uvloop.run(aggregate(cfg))
+        merged, metrics, coverage = uvloop.run(aggregate(cfg))
         print("Finished rollout aggregation! View results at:")
         print(f"Merged rollouts: {merged if merged is not None else '<not merged>'}")
-        print(f"Aggregate metrics: {metrics}")
+        print(f"Aggregate metrics: {metrics}{coverage}")
         return 0
 
     return override_command("ng_aggregate_rollouts", _usage, argv, go)

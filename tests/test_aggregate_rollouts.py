@@ -24,8 +24,8 @@ def _shards(folder: Path) -> list[dict[str, Any]]:
     lines = rollouts.read_bytes().splitlines(True)
     (folder / "r-0.jsonl").write_bytes(b"".join(lines[0::2]) + b"\n")
     (folder / "r-1.jsonl").write_bytes(b"".join(lines[1::2]))
-    (folder / "r-1_failures.jsonl").write_bytes(b"not json\n")
-    (folder / "r-1_materialized_inputs.jsonl").write_bytes(b"not json\n")
+    (folder / "r-1_failures.jsonl").write_bytes(b"")  # read for the report, never a shard
+    (folder / "r-1_materialized_inputs.jsonl").write_bytes(b"not json\n")  # read only to count
     return [orjson.loads(line) for line in lines]
 
 
@@ -91,6 +91,11 @@ def test_bad_input_is_one_line_and_nothing_is_written(
     assert main([f"+input_glob={tmp_path}/r-*.jsonl", f"+output_jsonl_fpath={out}"]) == 2
     err = capsys.readouterr().err
     assert f"Malformed JSON in '{tmp_path}/r-1.jsonl' at line 2" in err
+    (tmp_path / "r-1.jsonl").write_bytes(b"")
+    (tmp_path / "r-0_failures.jsonl").write_bytes(b"{}\n{oops\n")  # as 0.7.0: always read
+    assert main([f"+input_glob={tmp_path}/r-*.jsonl", f"+output_jsonl_fpath={out}"]) == 2
+    err = capsys.readouterr().err
+    assert f"Malformed JSON in '{tmp_path}/r-0_failures.jsonl' at line 2" in err
     assert out.read_bytes() == b"" and not (tmp_path / "all" / "r_aggregate_metrics.json").exists()
 
 

@@ -212,9 +212,13 @@ def test_aggregate_metrics_equal_0_7_0s(tmp_path: Path, nemo_python: Path) -> No
 
 def test_nemo_aggregate_equals_ours(tmp_path: Path, nemo_python: Path) -> None:
     """0.7.0's ``ng_aggregate_rollouts`` (through our servers) and ours (without them) on the
-    same shards: the same merged rollouts, byte for byte, and the same metrics."""
+    same shards: the same merged rollouts, byte for byte, and the same metrics; and with failed
+    and lost rollouts counted as zeros (each shard with its own failures sidecar and
+    materialized inputs): the same metrics and the same coverage report."""
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"".join(DATA.read_bytes().splitlines(True)[:15]))
+    zeros = ["+count_failure_classes_as_zero=[agent_run_error]"]
+    zeros += ["+count_missing_rollouts_as_zero=true"]
     run = NgRun(*fast())
     try:
         head = ["+head_server.host=127.0.0.1", f"+head_server.port={run.port}"]
@@ -226,25 +230,65 @@ def test_nemo_aggregate_equals_ours(tmp_path: Path, nemo_python: Path) -> None:
         lines = (tmp_path / "c" / "r.jsonl").read_bytes().splitlines(True)
         for i in range(3):
             (tmp_path / f"s{i}.jsonl").write_bytes(b"".join(lines[i::3]))
-        shards = ["+input_glob=s*.jsonl", *head]
-        theirs = _tool(
-            nemo_python,
-            "ng_aggregate_rollouts",
-            *shards,
-            "+output_jsonl_fpath=n/r.jsonl",
-            "+disable_health_check=true",
-            cwd=tmp_path,
-        )
-        assert theirs.returncode == 0, theirs.stdout[-2000:] + theirs.stderr[-2000:]
+        _lossy_shards(tmp_path / "c", tmp_path / "z")
+        sides: dict[str, subprocess.CompletedProcess[str]] = {}
+        for side, python in (("n", nemo_python), ("o", OURS)):
+            for glob, out, extra in (("s*", side, []), ("z/s*", f"z{side}", zeros)):
+                sides[out] = _tool(
+                    python,
+                    "ng_aggregate_rollouts",
+                    f"+input_glob={glob}.jsonl",
+                    f"+output_jsonl_fpath={out}/r.jsonl",
+                    *extra,
+                    *(head if python == nemo_python else []),  # ours needs no servers
+                    *(["+disable_health_check=true"] if python == nemo_python else []),
+                    cwd=tmp_path,
+                )
+                assert sides[out].returncode == 0, sides[out].stdout[-2000:] + sides[out].stderr
     finally:
         run.stop()
-    ours = _tool(
-        OURS, "ng_aggregate_rollouts", *shards, "+output_jsonl_fpath=o/r.jsonl", cwd=tmp_path
-    )
-    assert ours.returncode == 0, ours.stderr[-2000:]
     assert (tmp_path / "n" / "r.jsonl").read_bytes() == (tmp_path / "o" / "r.jsonl").read_bytes()
-    metrics = [(tmp_path / side / "r_aggregate_metrics.json").read_bytes() for side in ("n", "o")]
-    assert metrics[0] == metrics[1]
+    for n, o in (("n", "o"), ("zn", "zo")):
+        metrics = [(tmp_path / side / "r_aggregate_metrics.json").read_bytes() for side in (n, o)]
+        assert metrics[0] == metrics[1]
+    report = ("Counting ", "Rollouts missing", "Metrics cover", "Scored as zero")
+    said = [[x for x in sides[s].stdout.splitlines() if x.startswith(report)] for s in ("zn", "zo")]
+    assert len(said[0]) == 5 and said[0] == said[1]
+
+
+def _lossy_shards(collected: Path, folder: Path) -> None:
+    """Shards by task (task % 3), each with its materialized inputs and a failures sidecar:
+    some rollouts failed (the counted class, another class, one that later landed), some lost."""
+    folder.mkdir()
+    rows = read_jsonl(collected / "r.jsonl")
+    inputs = read_jsonl(collected / "r_materialized_inputs.jsonl")
+    for shard in range(3):
+        mine = [r for r in rows if r["_ng_task_index"] % 3 == shard]
+        landed, failures = [], []
+        for i, row in enumerate(
+            sorted(mine, key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
+        ):
+            failure = {k: v for k, v in row.items() if k not in ("response", "reward")}
+            failure |= {"_ng_failure_class": "agent_run_error", "_ng_failure_http_status": 500}
+            if i % 7 == 1:  # failed for good, in the counted class
+                failures.append(failure)
+            elif i % 7 == 3:  # failed in another class: left out, reported
+                failures.append(failure | {"_ng_failure_class": "agent_request_failed"})
+            elif i % 7 == 5:  # lost: no row, no failure
+                pass
+            else:
+                if i % 5 == 0:  # an earlier attempt failed, then it landed
+                    failures.append(failure)
+                landed.append(row)
+        shard_inputs = [r for r in inputs if r["_ng_task_index"] % 3 == shard]
+        for name, part in (
+            ("", landed),
+            ("_failures", failures),
+            ("_materialized_inputs", shard_inputs),
+        ):
+            (folder / f"s{shard}{name}.jsonl").write_bytes(
+                b"".join(orjson.dumps(r) + b"\n" for r in part)
+            )
 
 
 def test_prompt_config_materializes_as_0_7_0(tmp_path: Path, nemo_python: Path) -> None:
