@@ -46,7 +46,7 @@ from rewardstream.gym_servers.base import (
 from rewardstream.gym_servers.environments import deprecation, front_agents
 from rewardstream.overrides import parse_overrides
 
-__all__ = ["BUNDLED_CONFIG", "ServerGroup", "load_config", "main"]
+__all__ = ["BUNDLED_CONFIG", "ServerGroup", "load_config", "main", "merged_config"]
 
 BUNDLED_CONFIG = Path(__file__).resolve().parent / "configs" / "arithmetic.yaml"
 # NeMo Gym implementations this package runs itself, by (server type, implementation)
@@ -162,7 +162,11 @@ def _check_addresses(config: dict[str, Any]) -> None:
 
 def load_config(tokens: Sequence[str]) -> dict[str, Any]:
     """The merged config of ``+config_paths=[...]`` and the other overrides."""
-    overrides = parse_overrides(list(tokens))
+    return merged_config(parse_overrides(list(tokens)))
+
+
+def merged_config(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The merged config of parsed overrides: their ``config_paths``, then the rest."""
     paths = overrides.pop("config_paths", [])
     if isinstance(paths, str):
         paths = [paths]

@@ -67,6 +67,7 @@ from rewardstream.contract import (
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.gym_servers.base import server_specs
 from rewardstream.gym_servers.client import JsonClient
+from rewardstream.gym_servers.datasets import resolve_task_sources
 from rewardstream.gym_servers.environments import AGENTS, server_for_agent
 from rewardstream.jsonl import parse_line
 from rewardstream.kafka_config import KafkaSecurity
@@ -90,9 +91,11 @@ __all__ = [
     "Servers",
     "agent_of",
     "collect",
+    "head_config",
     "main",
     "metrics_entry",
     "metrics_file",
+    "print_closing",
     "routes_of",
     "server_metrics",
     "validated",
@@ -140,6 +143,7 @@ class CollectConfig(MaterializeOptions, Servers):
 
     input_jsonl_fpath: Path
     output_jsonl_fpath: Path
+    config_paths: list[str] | str | None = None  # 0.7.0 takes them (--config); servers' business
     num_samples_in_parallel: int | None = Field(default=None, gt=0)
     resume_from_cache: bool = False
     disable_aggregation: bool = False
@@ -450,16 +454,14 @@ class Route(NamedTuple):
     kind: str | None = None
 
 
-async def routes_of(cfg: Servers, agents: set[str]) -> dict[str, Route]:
-    """Each agent's route: ``+agent_url`` for all (no environment server), or, as NeMo Gym
-    0.7.0 resolves it, the environment server fronting the agent in the head server's config
-    (``/global_config_dict_yaml``; agents by instance name)."""
-    if cfg.agent_url:
-        if not cfg.agent_url.startswith("http://"):
-            raise InputError(f"+agent_url={cfg.agent_url}: only http:// agents are supported")
-        return dict.fromkeys(agents, Route(cfg.agent_url.rstrip("/")))
+def _head(cfg: Servers) -> str:
     address = f"http://{cfg.head_server.host}:{cfg.head_server.port}"
-    head = (cfg.head_server_url or address).rstrip("/")
+    return (cfg.head_server_url or address).rstrip("/")
+
+
+async def head_config(cfg: Servers) -> dict[str, Any]:
+    """The running config, from the head server's ``/global_config_dict_yaml``."""
+    head = _head(cfg)
     try:
         async with (
             ClientSession(timeout=ClientTimeout(total=30)) as session,
@@ -474,6 +476,22 @@ async def routes_of(cfg: Servers, agents: set[str]) -> dict[str, Route]:
             f"Could not connect to the head server at {head}. Start the servers (ng_run), or "
             "pass +head_server_url=... or +agent_url=..."
         )
+    return config
+
+
+async def routes_of(
+    cfg: Servers, agents: set[str], config: dict[str, Any] | None = None
+) -> dict[str, Route]:
+    """Each agent's route: ``+agent_url`` for all (no environment server), or, as NeMo Gym
+    0.7.0 resolves it, the environment server fronting the agent in the head server's config
+    (``config``, else fetched; agents by instance name)."""
+    if cfg.agent_url:
+        if not cfg.agent_url.startswith("http://"):
+            raise InputError(f"+agent_url={cfg.agent_url}: only http:// agents are supported")
+        return dict.fromkeys(agents, Route(cfg.agent_url.rstrip("/")))
+    head = _head(cfg)
+    if config is None:
+        config = await head_config(cfg)
     served = {s.name for s in server_specs(config) if s.server_type == AGENTS}
     missing = sorted(agents - served)
     if missing:
@@ -758,7 +776,17 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
         _check_outputs(cfg, paths, resume)
         plan = _resumed(paths, attempts) if resume else _fresh(cfg)
         try:
-            routes = await routes_of(cfg, {agent_of(r) for r in plan.rows}) if plan.todo else {}
+            config = None
+            if any(not agent_of(r) for r in plan.rows):  # rows that name only a task_source
+                if cfg.agent_url:
+                    raise InputError(
+                        "rows that name only a task_source need the head server's config to "
+                        "find their agent: pass +head_server... instead of +agent_url"
+                    )
+                config = await head_config(cfg)
+                resolve_task_sources(plan.rows, config)
+            agents = {agent_of(r) for r in plan.rows}
+            routes = await routes_of(cfg, agents, config) if plan.todo else {}
             urls = {agent: route.url for agent, route in routes.items()}
             if sink is None and cfg.kafka_bootstrap_servers:
                 topics = Topics.for_prefix(cfg.kafka_topic_prefix)
@@ -939,6 +967,12 @@ def run(config: dict[str, Any], sink: EventSink | None = None) -> CollectReport:
     """Validate ``config`` and collect (blocking); prints NeMo Gym's closing lines."""
     cfg = validated(CollectConfig, config)
     report = uvloop.run(collect(cfg, sink))
+    print_closing(report)
+    return report
+
+
+def print_closing(report: CollectReport) -> None:
+    """NeMo Gym's closing lines of a collection (and the streamed profile's, when waited for)."""
     print("Finished rollout collection! View results at:")
     print(f"Fully materialized inputs: {report.paths.inputs}")
     print(f"Rollouts: {report.paths.rollouts}")
@@ -947,7 +981,6 @@ def run(config: dict[str, Any], sink: EventSink | None = None) -> CollectReport:
         print(f"Failed attempts: {report.failed} (not rewards), in {report.paths.failures}")
     if report.profile is not None:
         print(*profile_lines(report.profile, extras=False), sep="\n")
-    return report
 
 
 # --help: every key of CollectConfig, required ones first (a key missing here is still listed)
@@ -955,6 +988,7 @@ _OVERRIDE_HELP = {
     "input_jsonl_fpath": ("PATH", "the dataset, one task per line"),
     "output_jsonl_fpath": ("D/S.jsonl", "the rollouts; the other files go next to it"),
     "agent_name": ("NAME", "agent for rows without agent_ref (needed unless all have one)"),
+    "config_paths": ("[A,B]", "accepted as 0.7.0 does (--config); only the servers read them"),
     "agent_map": (".FROM=TO", "rows of agent FROM go to TO (._default: all the others)"),
     "limit": ("N", "only the first N lines of the dataset (0: all)"),
     "num_repeats": ("N", "rollouts per task; +num_repeats.AGENT=N per agent"),

@@ -6,8 +6,10 @@ order given), task indices keyed by the raw line text, ``num_repeats`` (int or p
 ``num_repeats_add_seed``, ``interleave_repeats`` and ``prompt_config`` (a YAML ``{user,
 system?}`` template that builds every row's ``responses_create_params.input`` from its fields,
 as 0.7.0's ``nemo_gym/prompt.py``; rows that already have an ``input`` are refused, all named).
-Not supported (rejected by the config): ``fan_out``, ``skills``, and rows that name only a
-``task_source``.
+A row that names only a ``task_source`` (a prepared split's) is kept without an agent: the
+collector resolves it from the head server's config before anything is written
+(:func:`rewardstream.gym_servers.datasets.resolve_task_sources`). Not supported (rejected by
+the config): ``fan_out`` and ``skills``.
 """
 
 from __future__ import annotations
@@ -187,6 +189,8 @@ def materialize(path: Path, options: MaterializeOptions) -> list[dict[str, Any]]
         if not isinstance(row, dict):
             raise LineError(str(path), lineno, "not a JSON object")
         agent = _route(row, routes, overridden)
+        if agent is None and isinstance(row.get("task_source"), str):
+            agent = ""  # its agent comes from the running config, before anything is written
         if agent is None:
             unrouted.append(lineno - 1)
             continue

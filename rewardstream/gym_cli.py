@@ -2,14 +2,15 @@
 
     gym env start --config C [--config C2] [+key=value ...]          # ng_run
     gym eval run --no-serve -i I -o O [--num-repeats N] [...]        # ng_collect_rollouts
+    gym eval run --config C --split train -o O [...]                 # ng_e2e_collect_rollouts
     gym eval profile --inputs M --rollouts R [+key=value ...]        # ng_reward_profile
     gym eval aggregate -i GLOB -o O [+key=value ...]                 # ng_aggregate_rollouts
 
 As 0.7.0 does, each flag becomes a ``+key=value`` override (``--config`` repeated becomes
 ``+config_paths=[...]``) and every other argument is passed on as an override; an unknown flag
-is an error. ``gym eval run`` without ``--no-serve`` (start the servers, then collect) is
-0.7.0's ``ng_e2e_collect_rollouts``, which rewardstream does not have yet. The health-check
-flags are accepted and have no effect: rewardstream writes no rollout health reports.
+is an error. ``gym eval run`` without ``--no-serve`` (prepare the split, start the servers,
+collect, stop them) is ``ng_e2e_collect_rollouts``. The health-check flags are accepted and
+have no effect: rewardstream writes no rollout health reports.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ _HEALTH = (
     _Flag(("--health-check-ignore",), None),
 )
 _RUN = (
+    _Flag(("--config",), "config_paths", "config"),
     _Flag(("--no-serve",), None, "bool"),
+    _Flag(("--split",), "split"),
     _Flag(("--resume",), "resume_from_cache", "bool"),
     _Flag(("--agent", "-a"), "agent_name"),
     _Flag(("--input", "-i"), "input_jsonl_fpath"),
@@ -67,6 +70,12 @@ _START = (_Flag(("--config",), "config_paths", "config"),)
 
 def _collect(argv: list[str]) -> int:
     from rewardstream.producers.collect import main
+
+    return main(argv)
+
+
+def _e2e(argv: list[str]) -> int:
+    from rewardstream.producers.e2e import main
 
     return main(argv)
 
@@ -128,11 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parsed = parser.parse_args(args)  # an unknown flag: argparse's usage error, exit 2
     _, flags, target = _COMMANDS[(parsed.group, parsed.command)]
     if (parsed.group, parsed.command) == ("eval", "run") and not parsed.no_serve:
-        parser.error(
-            "gym eval run without --no-serve (start the servers, then collect: 0.7.0's "
-            "ng_e2e_collect_rollouts) is not supported yet; run `gym env start ...`, then "
-            "`gym eval run --no-serve ...`"
-        )
+        target = _e2e  # 0.7.0: serve, then collect
     overrides = []
     for flag in flags:
         value = getattr(parsed, flag.names[0].lstrip("-").replace("-", "_"))

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from importlib.metadata import version
+from importlib.metadata import distribution, version
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,11 @@ from rewardstream.producers.collect import CollectConfig
 from tests.golden import golden_cases
 
 CLI = [sys.executable, "-m", "rewardstream.cli"]
-SCRIPTS = ("rewardstream", "ng_reward_profile", "ng_run", "ng_collect_rollouts")
+SCRIPTS = tuple(  # every console script the package installs
+    sorted(
+        e.name for e in distribution("rewardstream").entry_points if e.group == "console_scripts"
+    )
+)
 ROW = b'{"q":"x","agent_ref":{"name":"a"},"_ng_task_index":0,"_ng_rollout_index":0}\n'
 RESULT = b'{"reward":1.0,"_ng_task_index":0,"_ng_rollout_index":0}\n'
 

@@ -73,7 +73,6 @@ def test_env_start_is_ng_run() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["eval", "run", "-i", "x"], "without --no-serve"),
         (["eval", "run", "--no-serve", "--benchmark", "aime"], "unrecognized arguments"),
         (["eval", "nothing"], "invalid choice"),
     ],
@@ -84,3 +83,11 @@ def test_what_it_does_not_know_is_an_error(
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_serving_end_to_end_takes_no_input(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --no-serve it is ng_e2e_collect_rollouts, whose input is always the prepared
+    split (0.7.0's refusal)."""
+    assert main(["eval", "run", "--split", "train", "-i", "x", "-o", "o.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert "`input_jsonl_fpath` (-i/--input) is not supported when serving end-to-end" in err

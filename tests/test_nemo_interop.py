@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 from rewardstream.gym_servers.aggregate import aggregate_metrics
+from rewardstream.gym_servers.datasets import prepare
+from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG, load_config
 from tests.gym import POLICY, NgRun, fast, ng_run, read_jsonl
 from tests.nemo import nemo_ng_run, site_packages
 
@@ -329,3 +332,54 @@ def test_prompt_config_materializes_as_0_7_0(tmp_path: Path, nemo_python: Path) 
         run.stop()
     assert bad.returncode == 2 and "Violating rows: [0]" in bad.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_a_prepared_split_as_0_7_0(tmp_path: Path, nemo_python: Path) -> None:
+    """A split of the datasets a config declares (what ``ng_e2e_collect_rollouts`` runs):
+    collated as 0.7.0's data preparation collates it, byte for byte, and its rows (which name
+    only a ``task_source``) materialized with the agent 0.7.0's collector resolves them to."""
+    lines = DATA.read_bytes().splitlines(True)
+    data, more = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    data.write_bytes(b"".join(lines[:5]))
+    more.write_bytes(b"".join(lines[5:9]))
+    config = orjson.loads(orjson.dumps(yaml.safe_load(BUNDLED_CONFIG.read_text())))
+    agent = config["arithmetic_simple_agent"]["responses_api_agents"]["simple_agent"]
+    license = {"license": "Apache 2.0"}
+    agent["datasets"] = [{"name": "a", "type": "train", "jsonl_fpath": str(data), **license}]
+    resources = config["arithmetic_resources_server"]["resources_servers"]["arithmetic"]
+    resources["datasets"] = [{"name": "b", "type": "train", "jsonl_fpath": str(more), **license}]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    prepared = _tool(
+        nemo_python,
+        "ng_prepare_data",
+        f"+config_paths=[{tmp_path / 'c.yaml'}]",
+        f"+output_dirpath={tmp_path / 'n'}",
+        "+mode=train_preparation",
+        cwd=tmp_path,
+    )
+    assert prepared.returncode == 0, prepared.stdout[-2000:] + prepared.stderr[-2000:]
+    ours = prepare(load_config([f"+config_paths=[{tmp_path / 'c.yaml'}]"]), "train", tmp_path / "o")
+    assert ours.read_bytes() == (tmp_path / "n" / "train.jsonl").read_bytes()
+    assert {r["task_source"] for r in read_jsonl(ours)} == set(config) & {
+        "arithmetic_simple_agent",
+        "arithmetic_resources_server",
+    }
+    with ng_run(*fast(), f"{POLICY}.seed=7") as run:
+        collect = [f"+input_jsonl_fpath={ours}", "+head_server.host=127.0.0.1"]
+        collect += [f"+head_server.port={run.port}", "+num_repeats=2"]
+        collect += ["+num_repeats_add_seed=true", "+responses_create_params.temperature=1.0"]
+        for python, side in ((nemo_python, "cn"), (OURS, "co")):
+            done = _tool(
+                python,
+                "ng_collect_rollouts",
+                *collect,
+                f"+output_jsonl_fpath={side}/r.jsonl",
+                cwd=tmp_path,
+            )
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    name = "r_materialized_inputs.jsonl"
+    assert (tmp_path / "cn" / name).read_bytes() == (tmp_path / "co" / name).read_bytes()
+    assert {r["agent_ref"]["name"] for r in read_jsonl(tmp_path / "co" / name)} == {
+        "arithmetic_simple_agent"
+    }
+    _same_collections(tmp_path / "cn", tmp_path / "co")
