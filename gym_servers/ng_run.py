@@ -16,19 +16,17 @@ cannot be used (a port that is no number, a reference to itself) is one line nam
 from __future__ import annotations
 
 import asyncio
-import copy
 import importlib.util
 import os
 import random
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import yaml
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
@@ -53,7 +51,6 @@ BUNDLED_CONFIG = Path(__file__).resolve().parent / "configs" / "arithmetic.yaml"
 _BUILTIN = {("environment_servers", "legacy_agent"): "rewardstream.gym_servers.environment_server"}
 DEFAULT_HEAD = {"host": DEFAULT_HOST, "port": 11000}
 PORT_RANGE = (10001, 20000)
-_REF = re.compile(r"^\$\{([\w.]+)\}$")
 _CONFIG_DIR_KEY = "_config_dir"  # where a server's .py entrypoint is looked up
 _USAGE = f"""\
 usage: ng_run "+config_paths=[config.yaml,...]" [+key=value ...]
@@ -81,43 +78,45 @@ options:
 bundled config: {BUNDLED_CONFIG}"""
 
 
-def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
+def _resolved(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The layers merged and interpolated with OmegaConf, as NeMo Gym merges its configs:
+    later layers win, mappings merge key by key, anything else is replaced; ``${a.b}``
+    anywhere in a string, ``${oc.env:VAR}`` and the other resolvers; ``???`` is required. A
+    value that cannot be resolved is one line naming its key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(*(OmegaConf.create(layer) for layer in layers))
+        out = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as exc:
+        raise InputError(f"config key {exc.full_key!r} is required (still '???')") from None
+    except OmegaConfBaseException as exc:  # an interpolation: missing key, cycle, bad grammar
+        message = " ".join((str(exc).splitlines() or [""])[0].split())  # then its context
+        raise InputError(f"config key {getattr(exc, 'full_key', '')!r}: {message}") from None
+    assert isinstance(out, dict)
+    return cast(dict[str, Any], out)
 
 
-def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            raise InputError(f"config interpolation ${{{dotted}}}: no such key")
-        node = node[part]
-    return node
+def _env_yaml() -> list[dict[str, Any]]:
+    """``env.yaml`` of the working folder (secrets and endpoints kept out of the configs), the
+    layer 0.7.0 puts between the configs and the command line."""
+    path = Path("env.yaml")
+    if not path.is_file():
+        return []
+    return [_yaml(path)]
 
 
-def _resolve(config: Mapping[str, Any], node: Any, path: str, refs: tuple[str, ...] = ()) -> Any:
-    """``node`` with its ``${key}`` references replaced; ``refs``: the chain followed to it,
-    so a cycle (``+a=${a}``) is an error, not a recursion without end."""
-    if isinstance(node, dict):
-        return {
-            k: _resolve(config, v, f"{path}.{k}" if path else str(k), refs) for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_resolve(config, v, f"{path}[{i}]", refs) for i, v in enumerate(node)]
-    if isinstance(node, str):
-        if node == "???":
-            raise InputError(f"config key {path!r} is required (still '???')")
-        m = _REF.match(node)
-        if m:
-            if m.group(1) in refs:
-                chain = " -> ".join(f"${{{r}}}" for r in (*refs, m.group(1)))
-                raise InputError(f"config key {path!r} refers to itself: {chain}")
-            return _resolve(config, _lookup(config, m.group(1)), path, (*refs, m.group(1)))
-    return node
+def _yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InputError(f"Cannot read config '{path}': {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"Invalid YAML in '{path}': {' '.join(str(exc).split())}") from None
+    if not isinstance(loaded, dict):
+        raise InputError(f"Config '{path}' is not a mapping")
+    return loaded
 
 
 def _port(value: Any, key: str, free: bool) -> int | None:
@@ -174,21 +173,13 @@ def merged_config(overrides: dict[str, Any]) -> dict[str, Any]:
         raise InputError("no config given: pass +config_paths=[path/to/config.yaml,...]")
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise InputError(f"invalid config_paths={paths!r}: expected [path/to/config.yaml,...]")
-    config: dict[str, Any] = {}
+    layers = []
     for path in paths:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except OSError as exc:
-            raise InputError(f"Cannot read config '{path}': {exc.strerror or exc}") from None
-        except yaml.YAMLError as exc:
-            raise InputError(f"Invalid YAML in '{path}': {' '.join(str(exc).split())}") from None
-        if not isinstance(loaded, dict):
-            raise InputError(f"Config '{path}' is not a mapping")
+        loaded = _yaml(Path(path))
         for spec in server_specs(loaded):
             spec.config.setdefault(_CONFIG_DIR_KEY, str(Path(path).resolve().parent))
-        _merge(config, loaded)
-    _merge(config, overrides)
-    resolved: dict[str, Any] = _resolve(config, config, "")
+        layers.append(loaded)
+    resolved = _resolved([*layers, *_env_yaml(), overrides])
     if not server_specs(resolved):
         raise InputError(f"no servers in {', '.join(map(str, paths))}")
     _check_addresses(resolved)

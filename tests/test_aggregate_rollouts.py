@@ -35,7 +35,7 @@ def test_shards_are_merged_and_aggregated_without_servers(
     rows = _shards(tmp_path)
     out = tmp_path / "all" / "r.jsonl"
     glob = f"{tmp_path}/r-1*.jsonl, {tmp_path}/r-*.jsonl"  # overlapping: each shard once
-    assert main([f"+input_glob={glob}", f"+output_jsonl_fpath={out}"]) == 0
+    assert main([f"+input_glob='{glob}'", f"+output_jsonl_fpath={out}"]) == 0
     printed = capsys.readouterr().out
     assert "Aggregating 2 shard(s):" in printed and "Loaded 90 rollout record(s)" in printed
     ordered = sorted(rows, key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
@@ -79,7 +79,7 @@ def test_bad_input_is_one_line_and_nothing_is_written(
     out = tmp_path / "all" / "r.jsonl"
     cases = [
         (f"+input_glob={tmp_path}/nothing-*.jsonl", "No shards matched input_glob="),
-        (f"+input_glob={tmp_path}/r-*.jsonl,{out}", "is one of the shards"),
+        (f"+input_glob='{tmp_path}/r-*.jsonl,{out}'", "is one of the shards"),
     ]
     out.parent.mkdir()
     out.write_bytes(b"")  # an earlier merge: matched by the glob of the second case

@@ -278,3 +278,21 @@ async def test_a_server_that_dies_while_starting_is_reported(tmp_path: Path) -> 
             async with group:
                 pass
     assert all(p.poll() is not None for p in group.procs.values())
+
+
+def test_configs_env_yaml_and_overrides_merge_as_omegaconf_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Configs < ``env.yaml`` (of the working folder) < the command line; ``${...}`` anywhere
+    in a string and OmegaConf's resolvers; a bad interpolation is one line naming its key.
+    (Equal to 0.7.0's own parse: ``tests/test_nemo_interop.py``.)"""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("host: h\nport: 1\nurl: http://${host}:${port}/v1\nxs: [1, 2]\n")
+    (tmp_path / "env.yaml").write_text("host: from-env\nxs: [3]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("REWARDSTREAM_TEST_VALUE", "v")
+    paths = f"+config_paths=[{BUNDLED_CONFIG},{extra}]"
+    config = load_config([paths, "+port=7", "+env=${oc.env:REWARDSTREAM_TEST_VALUE}"])
+    assert (config["url"], config["xs"], config["env"]) == ("http://from-env:7/v1", [3], "v")
+    with pytest.raises(InputError, match=r"^config key 'url': Interpolation key 'nope' not found$"):
+        load_config([paths, "+url=${nope}"])

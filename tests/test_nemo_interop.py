@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import yaml
 
+from rewardstream.errors import InputError
 from rewardstream.gym_servers.aggregate import aggregate_metrics
 from rewardstream.gym_servers.datasets import prepare
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG, load_config
+from rewardstream.overrides import parse_overrides
 from tests.gym import POLICY, NgRun, fast, ng_run, read_jsonl
 from tests.nemo import nemo_ng_run, site_packages
 
@@ -383,3 +386,101 @@ def test_a_prepared_split_as_0_7_0(tmp_path: Path, nemo_python: Path) -> None:
         "arithmetic_simple_agent"
     }
     _same_collections(tmp_path / "cn", tmp_path / "co")
+
+
+_PARSE = """
+import json, sys
+from omegaconf import OmegaConf
+from nemo_gym.global_config import GlobalConfigDictParser, GlobalConfigDictParserConfig
+cli = OmegaConf.create(json.loads(sys.argv[1]))
+parsed = GlobalConfigDictParser().parse(GlobalConfigDictParserConfig(
+    initial_global_config_dict=cli, skip_load_from_cli=True,
+    offline=True))
+print(json.dumps(OmegaConf.to_container(parsed, resolve=True)))
+"""
+
+
+def test_config_merging_as_0_7_0(
+    tmp_path: Path, nemo_python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ng_run``'s configs, ``env.yaml`` and command line merged as 0.7.0 merges them (it is
+    OmegaConf in both): precedence, mappings merged, lists replaced, ``${...}`` inside strings,
+    resolvers."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(
+        "host: config-host\nport: 1\nendpoint: http://${host}:${port}/v1\nlisty: [1, 2, 3]\n"
+        "nested: {a: 1, b: {c: 2}}\nhome: ${oc.env:HOME}\n"
+        "policy_model: {responses_api_models: {simulated_model: {max_tokens: 5}}}\n"
+    )
+    (tmp_path / "env.yaml").write_text("host: env-host\nlisty: [9]\nnested: {b: {d: 4}}\n")
+    cli = {"config_paths": [str(BUNDLED_CONFIG), str(extra)], "port": 7, "nested": {"a": 5}}
+    monkeypatch.chdir(tmp_path)
+    ours = load_config([f"+config_paths=[{BUNDLED_CONFIG},{extra}]", "+port=7", "+nested.a=5"])
+    proc = subprocess.run(
+        [str(nemo_python), "-c", _PARSE, orjson.dumps(cli).decode()],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = orjson.loads(proc.stdout.splitlines()[-1])
+    for key in ("host", "port", "endpoint", "listy", "nested", "home"):
+        assert ours[key] == theirs[key], key
+    assert ours["endpoint"] == "http://env-host:7/v1" and ours["listy"] == [9]
+    model = ("policy_model", "responses_api_models", "simulated_model")
+    mine, nemo = ours, theirs
+    for part in model:
+        mine, nemo = mine[part], nemo[part]
+    for key in ("max_tokens", "openai_model", "simulated_policy", "entrypoint"):
+        assert mine[key] == nemo[key], key
+
+
+_HYDRA = """
+import json, sys
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Sweep
+parser = OverridesParser.create()
+out = []
+for token in json.loads(sys.argv[1]):
+    try:
+        (override,) = parser.parse_overrides([token])
+        value = override.value()
+        out.append(["error"] if isinstance(value, Sweep) else [override.key_or_group, value])
+    except Exception:
+        out.append(["error"])
+print(json.dumps(out))
+"""
+
+_VALUES = [
+    *("+a=1", "+b=-1.5", "+c=true", "+d=NULL", "+e=hello", "+f=[1, 2, x]", "+g={k: 1, m: [a]}"),
+    *("+h='a, b'", '+i="q"', "++j=2", "+k.l.m=3", "+n=1e3", "+o=", "+p=${a}", "+q=http://x:1/v"),
+    *("+r=[]", "+s=[[1], {a: b}]", "+t=TRUE", "+u=0x10", "+v=a,b", "+w=[a,b],c", "+x=~"),
+]
+
+
+def test_override_values_as_hydra_reads_them(nemo_python: Path) -> None:
+    """Every command's ``+key=value`` values typed as Hydra (which NeMo Gym's commands parse
+    them with) types them, an unquoted top-level comma (a sweep there) refused as there."""
+    proc = subprocess.run(
+        [str(nemo_python), "-c", _HYDRA, orjson.dumps(_VALUES).decode()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    theirs = orjson.loads(proc.stdout)
+    ours: list[list[Any]] = []
+    for token in _VALUES:
+        try:
+            parsed = parse_overrides([token])
+        except InputError:
+            ours.append(["error"])
+            continue
+        key = token.lstrip("+").partition("=")[0]
+        value: Any = parsed
+        for part in key.split("."):
+            value = value[part]
+        ours.append([key, value])
+    assert ours == theirs
