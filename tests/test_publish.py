@@ -648,6 +648,7 @@ def results(draw: st.DrawFn) -> dict[str, Any]:
 @given(results(), st.integers(0, 2**40), st.integers(0, 64))
 @example({"reward": 1.0, "response": 0}, 0, 0)  # a falsy numeric response is a column
 @example({"response": False, "total_tokens": 3}, 0, 0)
+@example({"response": None, "reward": 2**53 + 1}, 0, 0)
 def test_the_wire_carries_the_profilers_record(
     result: dict[str, Any], task: int, rollout: int
 ) -> None:
@@ -669,6 +670,8 @@ def test_the_wire_carries_the_profilers_record(
         "info": orjson.Fragment(record.info),
         "masked": record.masked,
     }
+    if record.big:  # ints beyond 2**53, exact beside their rounded floats
+        wire["big"] = record.big
     expected = {"v": 2, "run_id": "run", "type": "rollout", "task": task, "rollout": rollout}
     expected |= {"agent": "agent", "record": wire, "published_at": 1.5}
     assert raw == orjson.dumps(expected)
