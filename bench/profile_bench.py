@@ -1,11 +1,14 @@
-"""Benchmark ``ng_reward_profile`` on a generated collection: wall time and peak memory.
+"""Benchmark ``ng_reward_profile`` on a generated collection: wall time and peak memory, as a
+ratio to the floor measured in the same run.
 
-    python -m bench.profile_bench [--tasks 100000] [--repeats 8] [--runs 1]
+    python -m bench.profile_bench [--tasks 100000] [--repeats 8] [--runs 1] [--shape hidden]
 
-Generates ``bench/data/bench_<tasks>x<repeats>*`` once (bench/generate.py), then runs the real
-console script under ``/usr/bin/time -v``. Peak memory is reported twice: GNU time's maximum
-RSS (largest single process) and the peak of the summed RSS of the whole process tree, sampled
-every 50 ms, since the parser uses one worker process per core.
+Generates ``bench/data/bench_<tasks>x<repeats>[_hidden]*`` once (bench/generate.py), then runs
+the real console script under ``/usr/bin/time -v``. Peak memory is reported twice: GNU time's
+maximum RSS (largest single process) and the peak of the summed RSS of the whole process tree,
+sampled every 50 ms, since the parser uses one worker process per core. The floor, run right
+after each run: one process ``orjson.loads`` every line of both files (reading them whole,
+nothing kept), what any profiler that parses its input pays on one core.
 """
 
 from __future__ import annotations
@@ -35,13 +38,31 @@ def run_once(inputs: Path, rollouts: Path) -> Measured:
     return m
 
 
+_FLOOR = """
+import orjson, sys
+for path in sys.argv[1:]:
+    with open(path, "rb") as fh:
+        for line in fh:
+            orjson.loads(line)
+"""
+
+
+def floor(inputs: Path, rollouts: Path) -> Measured:
+    m = measure([sys.executable, "-c", _FLOOR, str(inputs), str(rollouts)])
+    if m.returncode:
+        raise SystemExit(f"the floor failed:\n{m.stderr}")
+    return m
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--shape", choices=("nemo", "hidden"), default="nemo")
     a = ap.parse_args()
-    stem = HERE / "data" / f"bench_{a.tasks}x{a.repeats}"
+    suffix = "" if a.shape == "nemo" else f"_{a.shape}"
+    stem = HERE / "data" / f"bench_{a.tasks}x{a.repeats}{suffix}"
     rollouts = stem.with_name(stem.name + ".jsonl")
     inputs = stem.with_name(stem.name + "_materialized_inputs.jsonl")
     if not rollouts.exists():
@@ -55,18 +76,25 @@ def main() -> None:
                 str(a.repeats),
                 "--out",
                 str(stem),
+                "--shape",
+                a.shape,
             ],
             check=True,
         )
     size = (rollouts.stat().st_size + inputs.stat().st_size) / 1e9
     print(f"data: {a.tasks} tasks x {a.repeats} rollouts, {size:.2f} GB")
+    ratios = []
     for i in range(a.runs):
         r = run_once(inputs, rollouts)
+        f = floor(inputs, rollouts)
+        ratios.append(r.wall_s / f.wall_s)
         print(
             f"run {i + 1}: wall {r.wall_s:.1f} s, cpu {r.cpu_s:.1f} s, "
             f"max RSS (time -v) {r.max_rss_mb:.0f} MB, "
-            f"process-tree peak RSS {r.tree_peak_mb:.0f} MB"
+            f"process-tree peak RSS {r.tree_peak_mb:.0f} MB; floor {f.wall_s:.1f} s, "
+            f"ratio {ratios[-1]:.2f}"
         )
+    print(f"median ratio to the floor: {sorted(ratios)[len(ratios) // 2]:.2f}")
 
 
 if __name__ == "__main__":
