@@ -7,6 +7,7 @@ kept only as byte offsets, read back for ``sample`` at write time.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -21,7 +22,8 @@ from tqdm import tqdm
 from rewardstream.errors import InputError, InvalidRow, LineError
 from rewardstream.jsonl import check_input_file, count_lines, iter_jsonl, split_ranges
 from rewardstream.processors.profile import Profile, build_profile
-from rewardstream.processors.state import ProfileState
+from rewardstream.processors.records import ResultRecord, extract_result
+from rewardstream.processors.state import ProfileState, row_key
 from rewardstream.sinks.files import (
     Aggregates,
     InputsFile,
@@ -58,20 +60,50 @@ _PARALLEL_MIN_BYTES = 64 << 20  # below this, worker start-up costs more than it
 _PART_BYTES = 64 << 20  # a worker maps one part at a time: this bounds its file-backed RSS
 
 
+_BATCH = 4096  # results stored at once (one call per result costs ~3 us more, measured)
+
+
 def _load_part(
     kind: str, path: Path, start: int, end: int, answer_key: str | None = None
 ) -> ProfileState:
-    """One worker's share: the rows or results of one byte range of one file."""
+    """One worker's share: the rows or results of one byte range of one file.
+
+    The cyclic garbage collector is off meanwhile: parsed rows hold no cycles (refcounting
+    frees them), and its passes over the growing heap cost ~3 us per rollout line (measured).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _load(kind, path, start, end, answer_key)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load(kind: str, path: Path, start: int, end: int, answer_key: str | None) -> ProfileState:
     state = ProfileState()
-    add = state.add_input if kind == "inputs" else None
+    if kind == "inputs":
+        for line in iter_jsonl(path, start, end):
+            try:
+                state.add_input(line.value, line.offset, line.offset)
+            except InvalidRow as exc:
+                raise LineError(str(path), line.lineno, str(exc)) from None
+        return state
+    tasks: list[int] = []
+    rollouts: list[int] = []
+    records: list[ResultRecord] = []
     for line in iter_jsonl(path, start, end):
         try:
-            if add is not None:
-                add(line.value, line.offset, line.offset)
-            else:
-                state.add_result(line.value, answer_key=answer_key)
+            task, rollout = row_key(line.value)
+            records.append(extract_result(line.value, task, rollout, answer_key))
         except InvalidRow as exc:
             raise LineError(str(path), line.lineno, str(exc)) from None
+        tasks.append(task)
+        rollouts.append(rollout)
+        if len(records) == _BATCH:
+            state.add_records(tasks, rollouts, records, [None] * len(records))
+            tasks, rollouts, records = [], [], []
+    state.add_records(tasks, rollouts, records, [None] * len(records))
     return state
 
 
