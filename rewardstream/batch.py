@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -63,10 +65,21 @@ _PART_BYTES = 64 << 20  # a worker maps one part at a time: this bounds its file
 _BATCH = 4096  # results stored at once (one call per result costs ~3 us more, measured)
 
 
+Part = tuple[str, Path, int, int, str | None, str | None]
+"""A worker's share: (kind, file, start, end, answer key, the folder its rollout infos go to)."""
+
+
 def _load_part(
-    kind: str, path: Path, start: int, end: int, answer_key: str | None = None
-) -> ProfileState:
-    """One worker's share: the rows or results of one byte range of one file.
+    kind: str,
+    path: Path,
+    start: int,
+    end: int,
+    answer_key: str | None = None,
+    spill: str | None = None,
+) -> tuple[ProfileState, str | None]:
+    """One worker's share: the rows or results of one byte range of one file, and (given a
+    ``spill`` folder) the file its ``rollout_infos`` entries were moved to: the parent maps
+    them instead of receiving and holding them (most of the state's bytes).
 
     The cyclic garbage collector is off meanwhile: parsed rows hold no cycles (refcounting
     frees them), and its passes over the growing heap cost ~3 us per rollout line (measured).
@@ -74,10 +87,16 @@ def _load_part(
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _load(kind, path, start, end, answer_key)
+        state = _load(kind, path, start, end, answer_key)
     finally:
         if enabled:
             gc.enable()
+    if spill is None or not state.info_size:
+        return state, None
+    fd, name = tempfile.mkstemp(prefix="infos-", dir=spill)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(state.take_infos())
+    return state, name
 
 
 def _load(kind: str, path: Path, start: int, end: int, answer_key: str | None) -> ProfileState:
@@ -107,12 +126,10 @@ def _load(kind: str, path: Path, start: int, end: int, answer_key: str | None) -
     return state
 
 
-def _parts(
-    path: Path, kind: str, workers: int, answer_key: str | None = None
-) -> list[tuple[str, Path, int, int, str | None]]:
+def _parts(path: Path, kind: str, workers: int, answer_key: str | None = None) -> list[Part]:
     size = os.path.getsize(path)
     n = 1 if workers <= 1 or size < _PARALLEL_MIN_BYTES else max(workers * 4, size // _PART_BYTES)
-    return [(kind, path, a, b, answer_key) for a, b in split_ranges(path, n)]
+    return [(kind, path, a, b, answer_key, None) for a, b in split_ranges(path, n)]
 
 
 def load_state(
@@ -133,7 +150,7 @@ def load_state(
     workers = workers or os.cpu_count() or 1
     parts = _parts(inputs, "inputs", workers) + _parts(rollouts, "rollouts", workers, answer_key)
     state = ProfileState()
-    total = sum(end - start for _, _, start, end, _ in parts)
+    total = sum(part[3] - part[2] for part in parts)
     bar = tqdm(
         total=total,
         unit="B",
@@ -144,6 +161,9 @@ def load_state(
     )
     with bar, contextlib.ExitStack() as stack:
         if len(parts) > 2:
+            # the workers' rollout infos: mapped here, their files unlinked on the way out
+            spill = stack.enter_context(tempfile.TemporaryDirectory(prefix="rewardstream-"))
+            parts = [(*part[:5], spill) for part in parts]
             pool = stack.enter_context(
                 ProcessPoolExecutor(
                     workers,
@@ -152,20 +172,28 @@ def load_state(
                     initargs=(signal.SIGTERM, signal.SIG_DFL),
                 )
             )
-            results: Iterator[ProfileState] = pool.map(_load_part, *zip(*parts, strict=True))
+            results: Iterator[tuple[ProfileState, str | None]] = pool.map(
+                _load_part, *zip(*parts, strict=True)
+            )
         else:
             results = (_load_part(*part) for part in parts)
-        for (_, _, start, end, _), part in zip(parts, _renumbered(results, parts), strict=True):
-            state.merge(part)
-            bar.update(end - start)
+        for part, (loaded, spilled) in zip(parts, _renumbered(results, parts), strict=True):
+            state.merge(loaded, taken_infos=_mapped(spilled) if spilled else b"")
+            bar.update(part[3] - part[2])
     return state
 
 
+def _mapped(path: str) -> mmap.mmap:
+    """A worker's spilled rollout infos, mapped read-only (valid after the file is removed)."""
+    with open(path, "rb") as fh:
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+
+
 def _renumbered(
-    results: Iterator[ProfileState], parts: list[tuple[str, Path, int, int, str | None]]
-) -> Iterator[ProfileState]:
+    results: Iterator[tuple[ProfileState, str | None]], parts: list[Part]
+) -> Iterator[tuple[ProfileState, str | None]]:
     """Re-raise a worker's line error with its line number counted from the file start."""
-    for _, path, start, _, _ in parts:
+    for _, path, start, *_ in parts:
         try:
             yield next(results)
         except LineError as exc:
@@ -183,9 +211,32 @@ def run_profile(config: ProfileConfig) -> tuple[Profile, ProfilePaths]:
     profile = build_profile(state, config.allow_partial_rollouts)
     paths = ProfilePaths.next_to(config.rollouts_jsonl_fpath)
     aggregates = Aggregates(config.answer_key is not None) if config.aggregate_metrics else None
+    maps = [s for s in state.info_segments() if isinstance(s, mmap.mmap)]
     with InputsFile(config.materialized_inputs_jsonl_fpath) as inputs:
-        write_profile(profile, paths, _located(inputs), aggregates)
+        write_profile(profile, paths, _released(_located(inputs), maps), aggregates)
     return profile, paths
+
+
+_RELEASE_EVERY = 4096  # task rows between releases of the mapped rollout infos
+
+
+def _released(sample: Callable[[int], bytes], maps: list[mmap.mmap]) -> Callable[[int], bytes]:
+    """``sample``, which also gives the mapped rollout infos' pages back every few thousand
+    task rows: they are read in task order, scattered over the maps, and would otherwise stay
+    resident (the page cache keeps them; a page read again is a minor fault)."""
+    if not maps:
+        return sample
+    count = 0
+
+    def released(offset: int) -> bytes:
+        nonlocal count
+        count += 1
+        if count % _RELEASE_EVERY == 0:
+            for mapped in maps:
+                mapped.madvise(mmap.MADV_DONTNEED)
+        return sample(offset)
+
+    return released
 
 
 def _located(inputs: InputsFile) -> Callable[[int], bytes]:
