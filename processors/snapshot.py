@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import os
 import shutil
 import signal
@@ -26,6 +25,7 @@ from typing import BinaryIO
 import orjson
 
 from rewardstream.errors import RewardstreamError
+from rewardstream.forking import fork
 from rewardstream.processors.pipeline import Pipeline
 from rewardstream.processors.profile import build_profile
 from rewardstream.processors.runs import PartView
@@ -51,31 +51,8 @@ _FIRST_SHARE_AGGREGATES = 0.85
 
 
 def _fork(work: Callable[[], None]) -> int:
-    """Run ``work`` in a forked child, in a process group of its own, and return its pid.
-
-    The child never returns here: it leaves with ``os._exit`` (0 when ``work`` returned), so no
-    cleanup of the parent's (event loop, Kafka clients, temp files) ever runs twice.
-    """
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        os.setpgid(0, 0)  # killed as a group with its own helper, never with the processor's
-        gc.disable()  # short-lived: a collection would only walk (and copy) the parent's objects
-        with contextlib.suppress(ValueError):  # the parent's event loop must not hear signals
-            signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-        work()
-        code = 0
-    except BrokenPipeError:  # the client went away: nothing to say
-        pass
-    except BaseException as exc:  # a child must reach os._exit whatever happens
-        with contextlib.suppress(Exception):
-            print(f"snapshot worker failed: {exc!r}", file=sys.stderr, flush=True)
-    finally:
-        os._exit(code)
+    """Run ``work`` in a forked child (:func:`rewardstream.forking.fork`)."""
+    return fork(work, lambda exc: print(f"snapshot worker failed: {exc!r}", file=sys.stderr))
 
 
 def _final_files(pipeline: Pipeline, run_id: str, paths: ProfilePaths, out: BinaryIO) -> None:

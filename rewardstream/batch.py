@@ -7,6 +7,7 @@ kept only as byte offsets, read back for ``sample`` at write time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import mmap
 import multiprocessing
@@ -22,8 +23,9 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from tqdm import tqdm
 
 from rewardstream.errors import InputError, InvalidRow, LineError
+from rewardstream.forking import fork
 from rewardstream.jsonl import check_input_file, count_lines, iter_jsonl, split_ranges
-from rewardstream.processors.profile import Profile, build_profile
+from rewardstream.processors.profile import Profile, TaskRows, build_profile
 from rewardstream.processors.records import ResultRecord, extract_result
 from rewardstream.processors.state import ProfileState, row_key
 from rewardstream.sinks.files import (
@@ -31,6 +33,7 @@ from rewardstream.sinks.files import (
     InputsFile,
     ProfilePaths,
     summary_lines,
+    task_lines,
     write_profile,
 )
 
@@ -212,9 +215,58 @@ def run_profile(config: ProfileConfig) -> tuple[Profile, ProfilePaths]:
     paths = ProfilePaths.next_to(config.rollouts_jsonl_fpath)
     aggregates = Aggregates(config.answer_key is not None) if config.aggregate_metrics else None
     maps = [s for s in state.info_segments() if isinstance(s, mmap.mmap)]
-    with InputsFile(config.materialized_inputs_jsonl_fpath) as inputs:
-        write_profile(profile, paths, _released(_located(inputs), maps), aggregates)
+    lines = _rendered(profile.task_rows, config.materialized_inputs_jsonl_fpath, maps)
+    write_profile(profile, paths, lines, aggregates)
     return profile, paths
+
+
+_SPLIT_MIN = 2_000  # task rows below which one renderer does them all
+
+
+def _rendered(rows: TaskRows, inputs: Path, maps: list[mmap.mmap]) -> Iterator[bytes]:
+    """The task rows' lines, the second half rendered meanwhile by a forked helper into a
+    spool (rendering is most of writing a profile, and one core's work otherwise). Each
+    renderer reads the ``sample`` rows with its own file handle; the helper's error, if any,
+    is raised here as it would have been in one process."""
+    split = len(rows) // 2 if len(rows) >= _SPLIT_MIN and (os.cpu_count() or 1) > 1 else len(rows)
+    with contextlib.ExitStack() as stack:
+        spool = stack.enter_context(tempfile.TemporaryFile(prefix="rewardstream-"))
+        error = stack.enter_context(tempfile.TemporaryFile(prefix="rewardstream-"))
+        helper = None
+        if split < len(rows):
+
+            def second_half() -> None:
+                with InputsFile(inputs) as mine:
+                    sample = _released(_located(mine), maps)
+                    spool.writelines(task_lines(rows.range(split, len(rows)), sample))
+                spool.flush()
+
+            def failed(exc: BaseException) -> None:
+                error.write(str(exc).encode())
+                error.flush()
+
+            helper = fork(second_half, failed)
+            stack.callback(_reap, helper)  # however this ends: the helper ends too
+        with InputsFile(inputs) as mine:
+            yield from task_lines(rows.range(0, split), _released(_located(mine), maps))
+        if helper is None:
+            return
+        _, status = os.waitpid(helper, 0)
+        if status:  # its error's line (a sample row that cannot be written back, say)
+            error.seek(0)
+            message = error.read().decode(errors="replace")
+            raise InputError(message or f"the second renderer ended with status {status}")
+        spool.seek(0)
+        yield from iter(functools.partial(spool.read, 1 << 20), b"")
+
+
+def _reap(pid: int) -> None:
+    """End a helper that is still running (this process is failing or stopping) and reap it."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 _RELEASE_EVERY = 4096  # task rows between releases of the mapped rollout infos

@@ -89,13 +89,15 @@ def task_lines(rows: Iterable[TaskRow], sample: Callable[[int], bytes]) -> Itera
 def write_profile(
     profile: Profile,
     paths: ProfilePaths,
-    sample: Callable[[int], bytes],
+    sample: Callable[[int], bytes] | Iterable[bytes],
     aggregates: Aggregates | None = None,
 ) -> None:
     """Write the three profile files (and, when asked, the aggregate and difficulty files);
-    all or nothing."""
+    all or nothing. ``sample`` reads a task row's ``sample`` back by its locator, or is the
+    task rows' lines already rendered (by several renderers)."""
+    lines = task_lines(profile.task_rows, sample) if callable(sample) else sample
     files: list[tuple[Path, Iterable[bytes]]] = [
-        (paths.reward_profiling, task_lines(profile.task_rows, sample)),
+        (paths.reward_profiling, lines),
         (paths.agent_metrics, [orjson.dumps(profile.agent_metrics)]),
         (paths.repeat_level_metrics, [orjson.dumps(profile.repeat_metrics)]),
     ]
@@ -191,7 +193,7 @@ def write_files(files: Sequence[tuple[Path, Iterable[bytes]]]) -> None:
                 raise OSError(exc.errno, exc.strerror, str(target)) from None
             temps.append((tmp, target))
             try:
-                with os.fdopen(fd, "wb") as fh:
+                with os.fdopen(fd, "wb", buffering=1 << 20) as fh:  # few large writes
                     fh.writelines(chunks)
             except OSError as exc:  # a failed write names no file: name its target
                 raise OSError(exc.errno, exc.strerror, str(target)) from None

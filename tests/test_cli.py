@@ -189,3 +189,50 @@ def test_row_too_deep_to_write_back_is_a_clear_error(
     assert run(inputs, rollouts) == 2
     assert "a sample row cannot be written back as JSON" in capsys.readouterr().err
     assert sorted(p.name for p in inputs.parent.iterdir()) == sorted([inputs.name, rollouts.name])
+
+
+def _tasks(folder: Path, n: int, deep_at: int | None = None) -> tuple[Path, Path]:
+    """``n`` tasks x 2 rollouts; the row of task ``deep_at`` nests deeper than orjson writes."""
+    inputs, rollouts = folder / "r_materialized_inputs.jsonl", folder / "r.jsonl"
+    rows, results = [], []
+    for t in range(n):
+        for r in range(2):
+            q = "[" * 300 + "]" * 300 if t == deep_at else f'"q{t}"'
+            rows.append(
+                b'{"q":%s,"_ng_task_index":%d,"_ng_rollout_index":%d}\n' % (q.encode(), t, r)
+            )
+            reward = (t * 7 + r) % 3 / 2
+            results.append(
+                b'{"reward":%r,"_ng_task_index":%d,"_ng_rollout_index":%d}\n' % (reward, t, r)
+            )
+    inputs.write_bytes(b"".join(rows))
+    rollouts.write_bytes(b"".join(reversed(results)))
+    return inputs, rollouts
+
+
+@pytest.mark.parametrize("deep_at", [None, 10, 4000])  # in the first renderer's half, the helper's
+def test_two_renderers_write_what_one_writes(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    deep_at: int | None,
+) -> None:
+    """The second half of the task rows is rendered by a forked helper: the same bytes, and
+    the same one-line error (nothing written) when a row of either half cannot be written."""
+    outcomes = []
+    for split_min in (10**9, 2):  # one renderer, then two
+        monkeypatch.setattr("rewardstream.batch._SPLIT_MIN", split_min)
+        folder = tmp_path / str(split_min)
+        folder.mkdir()
+        inputs, rollouts = _tasks(folder, 5000, deep_at)
+        code = run(inputs, rollouts)
+        err = capsys.readouterr().err
+        made = {p.name: p.read_bytes() for p in folder.iterdir() if p not in (inputs, rollouts)}
+        outcomes.append((code, err.replace(str(folder), "F"), made))
+    assert outcomes[0] == outcomes[1]
+    code, err, made = outcomes[0]
+    if deep_at is None:
+        assert code == 0 and len(made["r_reward_profiling.jsonl"].splitlines()) == 5000
+    else:
+        assert code == 2 and err.count("\n") == 1 and made == {}
+        assert f"line {2 * deep_at + 1}" in err, err
