@@ -6,7 +6,8 @@ ratio to the floor measured in the same run.
 Generates ``bench/data/bench_<tasks>x<repeats>[_hidden]*`` once (bench/generate.py), then runs
 the real console script under ``/usr/bin/time -v``. Peak memory is reported twice: GNU time's
 maximum RSS (largest single process) and the peak of the summed RSS of the whole process tree,
-sampled every 50 ms, since the parser uses one worker process per core. The floor, run right
+sampled every 50 ms, since the parser uses one worker process per core; and the largest process's
+peak anonymous RSS, what it needs (:class:`bench.measure.Measured`). The floor, run right
 after each run: one process ``orjson.loads`` every line of both files (reading them whole,
 nothing kept), what any profiler that parses its input pays on one core.
 """
@@ -90,7 +91,7 @@ def main() -> None:
         ratios.append(r.wall_s / f.wall_s)
         print(
             f"run {i + 1}: wall {r.wall_s:.1f} s, cpu {r.cpu_s:.1f} s, "
-            f"max RSS (time -v) {r.max_rss_mb:.0f} MB, "
+            f"max RSS (time -v) {r.max_rss_mb:.0f} MB (anonymous {r.anon_peak_mb:.0f} MB), "
             f"process-tree peak RSS {r.tree_peak_mb:.0f} MB; floor {f.wall_s:.1f} s, "
             f"ratio {ratios[-1]:.2f}"
         )

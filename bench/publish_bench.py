@@ -8,7 +8,9 @@ bench/generate.py when missing: ``--tasks``/``--repeats``) to fresh topics per r
 also reports the broker's CPU time, since on a small machine the broker competes with the
 publisher for the same cores. Publisher CPU counts its encoder processes too (shown apart).
 
-The overall rate counts the whole publish (inputs included, acknowledgements awaited). A run
+The overall rate counts the whole publish (inputs included, acknowledgements awaited). Each run
+is followed by the parse floor (:func:`bench.profile_bench.floor`: one process ``orjson.loads``
+every line of both files) and reported as a ratio to it: whatever publishes a line parses it. A run
 with an empty rollouts file measures the inputs alone; the rollouts-phase rate divides by the
 difference. Warm-up runs (not reported) let the broker's JIT settle, as a long-lived broker has.
 """
@@ -27,6 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.profile_bench import floor
 from rewardstream.contract import Topics
 from rewardstream.kafka_local import LocalBroker
 from rewardstream.producers.publish import PublishReport, publish_files
@@ -106,11 +109,13 @@ def main() -> None:
         for i in range(a.runs):
             r, usage = meter.run(inputs, rollouts, bootstrap)
             phase = r.rollouts_sent / max(r.seconds - alone.seconds, 1e-9)
+            parse = floor(inputs, rollouts).wall_s
             print(
                 f"run {i + 1}: {r.rollouts_sent} rollouts + {r.inputs_sent} inputs in "
                 f"{r.seconds:.2f} s = {r.rollouts_sent / r.seconds:,.0f} rollouts/s overall "
                 f"({(r.rollouts_sent + r.inputs_sent) / r.seconds:,.0f} events/s), "
-                f"rollouts phase ~{phase:,.0f}/s; {usage}"
+                f"rollouts phase ~{phase:,.0f}/s; {usage}; parse floor {parse:.2f} s, "
+                f"ratio {r.seconds / parse:.2f}"
             )
 
 

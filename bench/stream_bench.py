@@ -14,6 +14,11 @@ Generates a collection (bench/generate.py) and writes its events to fresh topics
    latency left out) until it has folded the last rollout (before the final profile; its
    write is reported on its own).
 
+Each is reported against its **floors**, measured in the same run: a bare ``AIOKafkaConsumer``
+(the processor's fetch settings, no group) reading the same topic and doing nothing with its
+records, and the processor's own stages timed in process on the same event bytes (decoding a
+slice, folding it), so the CPU per event splits into Kafka's share and ours.
+
 Without ``--bootstrap`` it starts its own broker from the Maven jars. With ``--aggregates`` the
 run asks for pass@k and task difficulty and its rollout events carry answers (the per-rollout
 cost of the live statistics, and of their files in the final).
@@ -28,11 +33,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.generate import generate
 from bench.measure import kafka_workspace
-from rewardstream.contract import RunStarted, Topics, encode
+from rewardstream.contract import RunStarted, Topics, decode_inputs, decode_rollouts, encode
+from rewardstream.processors.pipeline import Pipeline
 from rewardstream.processors.runs import Run
 from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.events import WireEvent, input_events, rollout_events
@@ -50,6 +56,78 @@ async def prefill(bootstrap: str, topics: Topics, events: list[WireEvent]) -> No
         await producer.flush()
     finally:
         await producer.stop()
+
+
+async def consume_floor(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+    """Seconds and CPU seconds for a bare consumer to fetch ``n`` records of ``topic`` (the
+    processor's fetch size and batch; nothing done with them): what Kafka costs a consumer."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, max_partition_fetch_bytes=8 << 20
+    )
+    await consumer.start()
+    try:
+        partitions = await consumer._client._wait_on_metadata(topic)
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        await consumer.seek_to_beginning()
+        first, cpu, seen = time.monotonic(), time.process_time(), 0
+        while seen < n:
+            batch = await consumer.getmany(timeout_ms=200, max_records=10_000)
+            seen += sum(map(len, batch.values()))
+        return time.monotonic() - first, time.process_time() - cpu
+    finally:
+        await consumer.stop()
+
+
+def confluent_floor(bootstrap: str, topic: str, n: int) -> tuple[float, float] | None:
+    """:func:`consume_floor` with confluent-kafka's batch ``consume(num_messages=...)``
+    (librdkafka fetching on its own threads; each value read once), or None when it is not
+    installed (``pip install -e '.[bench]'``): the yardstick for a batch consumer."""
+    try:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer
+        from confluent_kafka import TopicPartition as Partition
+    except ImportError:
+        return None
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"floor-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "max.partition.fetch.bytes": 8 << 20,
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([Partition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        first, cpu, seen = time.monotonic(), time.process_time(), 0
+        while seen < n:
+            messages = consumer.consume(num_messages=10_000, timeout=0.2)
+            seen += len([m.value() for m in messages if m.error() is None])
+        return time.monotonic() - first, time.process_time() - cpu
+    finally:
+        consumer.close()
+
+
+def stage_costs(work: Path, inputs: list[bytes], rollouts: list[bytes]) -> str:
+    """CPU per event of the processor's stages, in process on the same bytes, in its slices of
+    2,000: decoding (with the checks), then the whole apply (decode, dedupe, fold)."""
+
+    def per_event(step: Callable[[list[bytes], int], object], raws: list[bytes]) -> float:
+        cpu = time.process_time()
+        for start in range(0, len(raws), 2_000):
+            step(raws[start : start + 2_000], start)
+        return (time.process_time() - cpu) / len(raws) * 1e6
+
+    pipeline = Pipeline(work / "stages")
+    costs = {
+        "decode input": per_event(lambda raws, _: decode_inputs(raws), inputs),
+        "apply input": per_event(lambda r, at: pipeline.handle_inputs(r, "input-0", at), inputs),
+        "decode rollout": per_event(lambda raws, _: decode_rollouts(raws), rollouts),
+        "apply rollout": per_event(
+            lambda r, at: pipeline.handle_rollouts(r, "rollout-0", at), rollouts
+        ),
+    }
+    parts = [f"{stage} {cost:.1f}" for stage, cost in costs.items()]
+    return "in process, us of CPU per event: " + ", ".join(parts)
 
 
 async def run_until(processor: StreamProcessor, done: Callable[[Run], bool]) -> tuple[float, float]:
@@ -87,6 +165,7 @@ async def measure(
     )
     control = WireEvent("control", b"run", encode(started))
     n = len(rollouts)
+    print(stage_costs(work, [e.value for e in inputs], [e.value for e in rollouts]))
 
     topics = Topics.for_prefix(f"bench-{uuid.uuid4().hex[:8]}")
     await prefill(bootstrap, topics, [*inputs, *rollouts, control])
@@ -130,10 +209,23 @@ async def measure(
     stop.set()
     await task
     folded = n - early
+    floor, floor_cpu = await consume_floor(bootstrap, topics.rollouts, n)
+    print(
+        f"floor: a bare consumer fetches the {n:,} rollout events in {floor:.2f} s = "
+        f"{n / floor:,.0f}/s (CPU {floor_cpu / n * 1e6:.1f} us per record)"
+    )
+    batch_floor = confluent_floor(bootstrap, topics.rollouts, n)
+    if batch_floor is not None:
+        wall, batch_cpu = batch_floor
+        print(
+            f"floor, confluent-kafka consume(num_messages=10000): {wall:.2f} s = "
+            f"{n / wall:,.0f}/s (CPU {batch_cpu / n * 1e6:.1f} us per record, its threads included)"
+        )
     print(
         f"rollouts: {folded:,} consumed and folded in {seconds:.2f} s = {folded / seconds:,.0f} "
         f"rollouts/s (CPU {cpu:.2f} s = {cpu / folded * 1e6:.1f} us per rollout); final "
-        f"profile written {final:.2f} s later"
+        f"profile written {final:.2f} s later; ratio to the floor "
+        f"{(n / floor) / (folded / seconds):.2f}"
     )
 
 

@@ -50,12 +50,15 @@ def pairwise_sum(values: F64) -> float:
 
 
 @np.errstate(over="ignore", invalid="ignore")  # huge values overflow to inf, as in pandas
-def describe_groups(values: F64) -> GroupStats:
+def describe_groups(values: F64, complete: bool | None = None) -> GroupStats:
     """Stats of ``values[c, g, :]`` for every column ``c`` and group ``g`` (NaN = missing).
 
     Mean: zero-filled pairwise sum over all rows / present count (pandas' nanmean). Std: ddof=1,
     squared deviations zero-filled for missing rows, pairwise-summed (pandas' nanvar). Median,
-    max and min are over the present values only.
+    max and min are over the present values only. ``complete``: whether every value of the
+    batch these columns come from is present (None: these values say); it picks how the middle
+    values are found, which decides whether a median of ``0.0`` and ``-0.0`` is written
+    with its sign, so columns described apart must be told what the whole batch had.
     """
     present = ~np.isnan(values)
     count = present.sum(axis=-1)
@@ -69,7 +72,9 @@ def describe_groups(values: F64) -> GroupStats:
     mx = np.fmax.reduce(values, axis=-1)
     mn = np.fmin.reduce(values, axis=-1)
     n = values.shape[-1]
-    if n and bool(present.all()):  # the common case: partition, O(n), at the two middle slots
+    if complete is None:
+        complete = bool(present.all())
+    if n and complete:  # the common case: partition, O(n), at the two middle slots
         ordered = np.partition(values, sorted({max(n // 2 - 1, 0), n // 2}), axis=-1)
     else:
         ordered = np.sort(values, axis=-1)  # NaN sorts last

@@ -431,10 +431,20 @@ def _describe_segments(
         step = max(1, _CHUNK_VALUES // max(size * n_cols, 1))
         for which in np.array_split(same, range(step, len(same), step)):
             idx = rows[starts[which][:, None] + np.arange(size)]
-            stats = describe_groups(np.ascontiguousarray(values[idx].transpose(2, 0, 1)))
-            count[:, which] = stats.n
-            for target, got in zip(out, stats[1:], strict=True):
-                target[:, which] = got
+            if size * n_cols <= _CHUNK_VALUES:
+                stats = describe_groups(np.ascontiguousarray(values[idx].transpose(2, 0, 1)))
+                count[:, which] = stats.n
+                for target, got in zip(out, stats[1:], strict=True):
+                    target[:, which] = got
+                continue
+            # a group wider than a chunk (an agent's rows): a column at a time, the kernels'
+            # temporaries one column's size (the whole block: ~300 MB at 400,000 x 15)
+            complete = not any(np.isnan(values[idx, c]).any() for c in range(n_cols))
+            for c in range(n_cols):
+                stats = describe_groups(values[idx, c][None, ...], complete)
+                count[c, which] = stats.n[0]
+                for target, got in zip(out, stats[1:], strict=True):
+                    target[c, which] = got[0]
     mean, mx, mn, median, std = out
     if n_cols:  # NaN->0 std rule (spec §2.7.3)
         fill = np.isnan(std).all(axis=0)[None, :] & (count == sizes[None, :])

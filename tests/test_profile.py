@@ -10,6 +10,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rewardstream.processors import profile
 from rewardstream.processors.profile import _tokens, build_profile
 from rewardstream.processors.state import ProfileState
 from tests.test_state import Rows, collections, state_of
@@ -80,3 +81,40 @@ def test_no_numeric_column_renders_the_counts_only() -> None:
         "reward_profile_completion_pct": 100.0,
         "rollout_infos": [{"rollout_id": "5:0", "_ng_task_index": 5, "_ng_rollout_index": 0}],
     }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.one_of(st.sampled_from([0.0, -0.0, 1.0, float("nan")]), st.floats(-5, 5)),
+            min_size=3,
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 3),
+)
+def test_a_group_wider_than_a_chunk_is_described_as_in_one_block(
+    values: list[list[float]], groups: int
+) -> None:
+    """An agent's rows (one group past ``_CHUNK_VALUES``) are described a column at a time:
+    the same stats, bit for bit (the sign of a ``-0.0`` median included), as the group alone
+    in one block."""
+    matrix = np.array(values, dtype=np.float64)
+    rows = np.arange(len(matrix), dtype=np.int64)[::-1].copy()
+    groups = min(groups, len(matrix))
+    size = len(matrix) // groups
+    starts = np.arange(groups, dtype=np.int64) * size
+    sizes = np.full(groups, size, dtype=np.int64)
+    chunk = profile._CHUNK_VALUES
+    try:
+        profile._CHUNK_VALUES = size * matrix.shape[1]  # one group per chunk, in one block
+        block = profile._describe_segments(matrix, rows, starts, sizes)
+        profile._CHUNK_VALUES = 1  # every group wider than a chunk: a column at a time
+        columns = profile._describe_segments(matrix, rows, starts, sizes)
+    finally:
+        profile._CHUNK_VALUES = chunk
+    for one, other in zip(block, columns, strict=True):
+        assert one.tobytes() == other.tobytes()

@@ -17,7 +17,8 @@ from rewardstream.processors.records import extract_result, extract_result_refer
 KEYS = st.sampled_from(
     [
         *("reward", "score", "n", "flag", "_private", "agent_name", "mask_sample", "response"),
-        *("total_tokens", "input_tokens", "", "ключ", "a" * 40),
+        *("total_tokens", "input_tokens", "", "ключ", "a" * 40, "100%s", 'q"\\'),
+        *("rollout_id", "_ng_task_index"),
     ]
 )
 SCALARS = st.one_of(
