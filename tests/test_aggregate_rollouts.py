@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
+from rewardstream.errors import InputError
 from rewardstream.gym_servers.aggregate import aggregate_metrics
-from rewardstream.producers.aggregate_rollouts import main
+from rewardstream.producers.aggregate_rollouts import _Shards, main
 from rewardstream.producers.collect import run, verify_entry
 from tests.golden import generated_collection
 from tests.gym import NgRun, fast, read_jsonl, write_problems
@@ -124,3 +125,18 @@ def test_through_the_servers_as_0_7_0(tmp_path: Path) -> None:
     )
     assert local == served and local[0]["_ng_environment_server"] == "arithmetic_environment_server"
     assert len(read_jsonl(tmp_path / "local" / "r.jsonl")) == 48
+
+
+def test_a_shard_that_changes_before_the_merge_is_refused(tmp_path: Path) -> None:
+    """The merged file re-reads the shards' lines (rows are not held whole): a shard that
+    changed since it was read (a collection still writing it) is an error, not a merge of
+    other rows than the metrics were computed on."""
+    rows = _shards(tmp_path)
+    found = [tmp_path / "r-0.jsonl", tmp_path / "r-1.jsonl"]
+    read = _Shards(found)
+    ordered = sorted(rows, key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
+    assert list(read.merged()) == [orjson.dumps(r) + b"\n" for r in ordered]
+    with found[1].open("ab") as fh:
+        fh.write(b"\n")
+    with pytest.raises(InputError, match=r"r-1\.jsonl changed while the shards were being"):
+        list(read.merged())
