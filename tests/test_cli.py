@@ -217,7 +217,7 @@ def test_two_renderers_write_what_one_writes(
     capsys: pytest.CaptureFixture[str],
     deep_at: int | None,
 ) -> None:
-    """The rest of the task rows is rendered by a forked helper: the same bytes, and
+    """The second half of the task rows is rendered by a forked helper: the same bytes, and
     the same one-line error (nothing written) when a row of either half cannot be written."""
     outcomes = []
     for split_min in (10**9, 2):  # one renderer, then two
