@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.base import server_specs
 from rewardstream.gym_servers.environments import AGENTS
+from rewardstream.processors.records import agent_of
 from rewardstream.sinks.files import write_files
 
 __all__ = ["SPLITS", "Declared", "check_split", "declared", "prepare", "resolve_task_sources"]
@@ -212,7 +213,7 @@ def resolve_task_sources(rows: list[dict[str, Any]], config: Mapping[str, Any]) 
     pending = {
         source
         for row in rows
-        if not _agent(row) and isinstance(source := row.get("task_source"), str)
+        if not agent_of(row) and isinstance(source := row.get("task_source"), str)
     }
     resolution, errors = {}, []
     for source in sorted(pending):
@@ -223,11 +224,5 @@ def resolve_task_sources(rows: list[dict[str, Any]], config: Mapping[str, Any]) 
     if errors:
         raise InputError("Cannot resolve task_source to an agent: " + "; ".join(errors))
     for row in rows:
-        if not _agent(row) and isinstance(source := row.get("task_source"), str):
+        if not agent_of(row) and isinstance(source := row.get("task_source"), str):
             row["agent_ref"] = {"name": resolution[source]}
-
-
-def _agent(row: Mapping[str, Any]) -> str | None:
-    ref = row.get("agent_ref")
-    name = ref.get("name") if isinstance(ref, Mapping) else None
-    return name if isinstance(name, str) else None

@@ -42,6 +42,7 @@ from rewardstream.command import override_command
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.aggregate import aggregate_metrics
 from rewardstream.overrides import parse_overrides
+from rewardstream.processors.records import agent_of as named_agent
 from rewardstream.producers.collect import (
     Servers,
     agent_of,
@@ -138,7 +139,7 @@ class _Shards:
             with contextlib.suppress(OSError):  # unreadable: _read says so
                 self.stats.append(_version(path.stat()))
             for offset, row in _read(path):
-                self.keys.setdefault((_agent(row), _stamp(row)), set()).update(row)
+                self.keys.setdefault((named_agent(row), _stamp(row)), set()).update(row)
                 rows.append(verify_entry(row))
                 self.lines.append((row["_ng_task_index"], row["_ng_rollout_index"], shard, offset))
         self.lines.sort(key=lambda line: line[:2])  # stable: shards in order within a key
@@ -202,13 +203,13 @@ class _Zeros:
 
     def server(self, row: dict[str, Any]) -> str | None:
         """The environment server that scores a row: its stamp, else its agent's one server."""
-        return self._server(_agent(row), _stamp(row))
+        return self._server(named_agent(row), _stamp(row))
 
     def _server(self, agent: str | None, stamp: str | None) -> str | None:
         return stamp if stamp is not None else self.server_of.get(agent)
 
     def group(self, row: dict[str, Any]) -> Any:
-        return self.server(row) or _agent(row)
+        return self.server(row) or named_agent(row)
 
     def identity(self, row: dict[str, Any]) -> tuple[Any, Any, Any]:
         return (self.group(row), *_key(row))
@@ -330,19 +331,13 @@ class _Zeros:
         return report
 
 
-def _agent(row: dict[str, Any]) -> str | None:
-    ref = row.get("agent_ref")
-    name = ref.get("name") if isinstance(ref, dict) else None
-    return name if isinstance(name, str) else None
-
-
 def _stamp(row: dict[str, Any]) -> str | None:
     stamp = row.get("_ng_environment_server")
     return stamp if isinstance(stamp, str) else None
 
 
 def _routing_identity(row: dict[str, Any]) -> Any:
-    return _agent(row) or row.get("_ng_environment_server")
+    return named_agent(row) or row.get("_ng_environment_server")
 
 
 def _counted_failure_row(row: dict[str, Any]) -> dict[str, Any]:

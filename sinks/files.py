@@ -107,9 +107,10 @@ def write_profile(
 
 
 def _when_written(make: Callable[[], bytes]) -> Iterator[bytes]:
-    """``make()``, computed when its file is written rather than when the files are listed:
-    the agent-level metrics (~1 s at 100,000 tasks x 8) are then computed after the task rows,
-    while a forked renderer may still be writing its share of them."""
+    """``make()``, computed when its file is written rather than when the files are listed,
+    so the agent-level metrics (~1 s at 100,000 tasks x 8) need not hold up the task rows: the
+    batch profile computes them while its forked renderer writes the second half (cached,
+    they are not computed again here)."""
     yield make()
 
 
