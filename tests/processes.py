@@ -19,7 +19,7 @@ from rewardstream.contract import Topics, task_key
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.pipeline import EventKind
 
-__all__ = ["Processor", "make_topics", "run_detail", "send_events"]
+__all__ = ["Processor", "committed", "make_topics", "run_detail", "send_events"]
 
 
 async def make_topics(
@@ -62,6 +62,32 @@ def send_events(
             await producer.stop()
 
     asyncio.run(go())
+
+
+def committed(bootstrap: str, group: str, topic: str, timeout: float = 90) -> int:
+    """Wait until ``group`` has committed a position past 0 on some partition of ``topic``
+    (the processor's commit metadata: its offset is where a replay starts, 0 while the run is
+    open); the sum of those positions. An awaited commit, not a pause that hopes for one."""
+
+    async def go() -> int:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    offsets = await admin.list_consumer_group_offsets(group)
+                    total: int = sum(
+                        orjson.loads(m.metadata)["position"]
+                        for tp, m in offsets.items()
+                        if tp.topic == topic and m.offset >= 0 and m.metadata
+                    )
+                    if total > 0:
+                        return total
+                    await asyncio.sleep(0.1)
+        finally:
+            await admin.close()
+
+    return asyncio.run(go())
 
 
 Runs = dict[str, dict[str, object]]

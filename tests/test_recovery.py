@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from bench.generate import generate
 from rewardstream.cli import ng_reward_profile
 from rewardstream.contract import Topics
 from tests.golden import OUTPUT_SUFFIXES, file_events
-from tests.processes import Processor, send_events
+from tests.processes import Processor, committed, send_events
 
 pytestmark = pytest.mark.kafka
 
@@ -37,7 +36,7 @@ def test_kill_9_mid_run_then_restart(
     processors.append(first)
     send_events(kafka_bootstrap, topics, body[: n_in + 600], "run")
     first.wait(lambda runs: runs.get("run", {}).get("rollouts") == 600)
-    time.sleep(0.5)  # at least one offset commit covers these
+    committed(kafka_bootstrap, f"{prefix}-profiler", topics.rollouts)  # a commit covers some
     send_events(kafka_bootstrap, topics, body[n_in + 600 :], "run")
     first.kill(signal.SIGKILL)  # mid-consumption of the last 400
 
