@@ -418,8 +418,9 @@ async def publish_child(
 
 
 async def ended(proc: asyncio.subprocess.Process) -> tuple[str, str]:
-    """The child's stdout and stderr once it exits on its own (within 30 s), exit code 0."""
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    """The child's stdout and stderr once it exits on its own, exit code 0 (within 120 s: a
+    bound for a loaded machine, not a timing claim)."""
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
     return out.decode(), err.decode()
 
@@ -504,13 +505,15 @@ async def test_cli_follow_finish_when_idle(
     inputs = inputs_for(tmp_path / "idle_materialized_inputs.jsonl", 2)
     rollouts = tmp_path / "idle.jsonl"
     rollouts.write_bytes(line(0, 0))
+    started = time.monotonic()
     async with publish_child(
         kafka_bootstrap, topics, inputs, rollouts, "--finish-when-idle", "1"
     ) as proc:
         assert await reader.until(1) == [(0, 0)]
-        seen = time.monotonic()
         out, _ = await ended(proc)
-        assert 0.5 < time.monotonic() - seen < 10  # idle since its first pass, just before
+    # idle for a second after its last send, which came after its start (no upper bound: a
+    # loaded machine may take any time; a publisher that never finishes fails `ended`)
+    assert time.monotonic() - started >= 1.0
     run_id = default_run_id(inputs, "idle")
     assert out.startswith(f"published run_id={run_id} inputs=4 rollouts=1 in "), out
     assert [type(e) for e in await control_events(kafka_bootstrap, topics)] == [
