@@ -50,12 +50,6 @@ def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def _state(run: Run) -> str:
-    if run.terminal is not None:
-        return "evicted" if run.terminal.evicted else "final"
-    return "finished" if run.finished else "open"
-
-
 class LiveView:
     """The JSON views of the runs a pipeline knows, and their histories."""
 
@@ -64,8 +58,10 @@ class LiveView:
         self.histories: dict[str, History] = {}
 
     def summary(self, run: Run) -> dict[str, Any]:
-        """A run's counts and state (``GET /runs``), with its rate and ETA from the history."""
-        rate = None if run.done else self._rate(run.run_id)
+        """A run's counts and state (``GET /runs``), with its rate and ETA from the history (a
+        stalled run's rate is 0: it has no ETA)."""
+        state = self.pipeline.state(run)
+        rate = None if run.done else 0.0 if state == "stalled" else self._rate(run.run_id)
         left = (run.expected or 0) - run.rollouts
         return {
             "run_id": run.run_id,
@@ -74,9 +70,10 @@ class LiveView:
             "expected_rollouts": run.expected,
             "finished": run.finished,
             "done": run.done,
-            # open (collecting), finished (the collector is done; the final comes once every
-            # rollout is consumed), final (its profile is written), evicted (never finished)
-            "state": _state(run),
+            # open, stalled, finished, final, evicted (rewardstream.processors.runs.RunState)
+            "state": state,
+            # whole seconds since this processor last heard of an event of it (None once done)
+            "last_event_seconds": None if run.done else int(self.pipeline.idle(run)),
             "rate": rate,
             "eta_seconds": left / rate if rate and left > 0 else None,
             # events seen before (a resumed or re-run collection, a redelivery):
@@ -101,10 +98,13 @@ class LiveView:
             rollouts = shown["rollouts"]
             shown |= {"failed_attempts": classes, "failure_rate": _share(failed, failed + rollouts)}
         # partitions whose owner said it holds rollouts of the run but sent no summary of them
-        # (its member record was too large to carry them): the figures leave those out
+        # (its member record was too large to carry them): the figures leave those out, unless
+        # they are the final record's
         missing = sorted(
             n for n, c in run.foreign.items() if c.rollouts and n not in run.foreign_live
         )
+        if run.terminal is not None and run.terminal.agents is not None:
+            missing = []
         return self.summary(run) | {"agents": agents, "partitions_missing": missing}
 
     def runs(self) -> list[dict[str, Any]]:

@@ -48,6 +48,7 @@ from rewardstream.processors.runs import (
     PartCounts,
     PartView,
     Run,
+    RunState,
     Unit,
     checked_row,
     merge_parts,
@@ -56,6 +57,7 @@ from rewardstream.processors.runs import (
 from rewardstream.processors.state import row_key, row_names
 
 __all__ = [
+    "STALL_AFTER",
     "Counters",
     "EventKind",
     "Late",
@@ -66,6 +68,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+STALL_AFTER = 60.0  # seconds without an event after which an open run is stalled (default)
 
 EventKind = Literal["input", "rollout", "control"]
 
@@ -125,7 +129,9 @@ class Pipeline:
 
     ``output_dir``: where the in-process transport writes final profiles; ``state_dir``: private
     scratch for the parts' spill files (default: ``output_dir``). ``max_event_bytes``: larger
-    events are rejected unparsed (reason "oversized"); None: no limit.
+    events are rejected unparsed (reason "oversized"); None: no limit. ``stall_after``: seconds
+    without an event after which an open run is ``stalled``; ``clock``: what times events and
+    states (monotonic seconds; a test gives its own, so nothing waits for real time).
     """
 
     def __init__(
@@ -136,8 +142,11 @@ class Pipeline:
         max_event_bytes: int | None = None,
         state_dir: Path | None = None,
         aggregate_metrics: bool = False,
+        stall_after: float = STALL_AFTER,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.output_dir = output_dir
+        self.stall_after, self.clock = stall_after, clock
         self.aggregate_metrics = aggregate_metrics  # for every run, not only those asking
         self.state_dir = state_dir or output_dir
         self.max_event_bytes = max_event_bytes
@@ -164,7 +173,7 @@ class Pipeline:
     def run(self, run_id: str) -> Run:
         run = self.runs.get(run_id)
         if run is None:
-            run = self.runs[run_id] = Run(run_id)
+            run = self.runs[run_id] = Run(run_id, self.clock())
             run.foreign = self._foreign(run_id)
             run.foreign_live = self._foreign_live(run_id)
         return run
@@ -200,7 +209,7 @@ class Pipeline:
     def set_remote(self, units: dict[str, RemoteUnit]) -> None:
         """What the other processors of the group hold, from their member records."""
         self.remote = {n: u for n, u in units.items() if n not in self.units}
-        now = time.monotonic()
+        now = self.clock()
         for run in self.runs.values():
             foreign = self._foreign(run.run_id)
             if foreign != run.foreign:  # a peer consumed some: the run is alive
@@ -274,7 +283,7 @@ class Pipeline:
             self._reject(kind, reject_reason(exc), raw, " ".join(str(exc).split())[:500])
             return None
         run = self.run(run_id)
-        run.seen = time.monotonic()
+        run.seen = self.clock()
         return run
 
     def handle_inputs(
@@ -355,7 +364,7 @@ class Pipeline:
 
     def _touched(self, run_ids: Iterable[str]) -> list[Run]:
         """The runs a batch added to, marked as heard of now (eviction counts from there)."""
-        now = time.monotonic()
+        now = self.clock()
         runs = [self.run(run_id) for run_id in run_ids]
         for run in runs:
             run.seen = now
@@ -438,9 +447,18 @@ class Pipeline:
         detail = f"run {run_id!r} has its final profile; this event came after it"
         self._reject(kind, "run-final", raw, detail)
 
-    def idle_runs(self, now: float, after: float) -> list[Run]:
-        """Open runs with no event for ``after`` seconds (by ``time.monotonic``)."""
+    def idle_runs(self, after: float) -> list[Run]:
+        """Open runs with no event for ``after`` seconds."""
+        now = self.clock()
         return [r for r in self.runs.values() if r.terminal is None and now - r.seen > after]
+
+    def state(self, run: Run) -> RunState:
+        """The run's state now (``stalled`` after :attr:`stall_after` seconds without an event)."""
+        return run.state(self.clock(), self.stall_after)
+
+    def idle(self, run: Run) -> float:
+        """Seconds since this process last heard of an event of the run."""
+        return self.clock() - run.seen
 
     @staticmethod
     def counts_by_unit(parts: dict[str, PartView]) -> dict[str, PartCounts]:

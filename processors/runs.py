@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 import orjson
@@ -52,6 +52,7 @@ __all__ = [
     "PartCounts",
     "PartView",
     "Run",
+    "RunState",
     "Spill",
     "Unit",
     "checked_row",
@@ -388,10 +389,18 @@ class Counts(NamedTuple):
     rollouts: int
 
 
-class Run:
-    """One collection (``run_id``): control state, and its parts held by this process."""
+RunState = Literal["open", "stalled", "finished", "final", "evicted"]
+"""``open``: collecting; ``stalled``: open, but no event of it for the processor's stall time
+(a collection stopped without ``run_finished``, or stuck); ``finished``: the collector is
+done, the final comes once every rollout is consumed; ``final``: its profile is written;
+``evicted``: dropped unfinished (``--evict-after``)."""
 
-    def __init__(self, run_id: str) -> None:
+
+class Run:
+    """One collection (``run_id``): control state, and its parts held by this process.
+    ``seen``: when this process last heard of it (by the engine's clock)."""
+
+    def __init__(self, run_id: str, seen: float) -> None:
         self.run_id = run_id
         self.started: RunStarted | None = None
         self.finished = False
@@ -400,7 +409,7 @@ class Run:
         self.finish_at: dict[str, int] | None = {}
         self.terminal: Done | None = None  # its final (or evicted) record, once known
         self.replays = 0  # events read again after a restart that its final profile holds
-        self.seen = time.monotonic()  # when this process last heard of the run
+        self.seen = seen  # when this process last heard of the run (an event, a peer's count)
         self.error: str | None = None  # why its final profile could not be built
         self._failed_at: tuple[int, int] | None = None  # (inputs, rollouts) when it failed
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
@@ -445,6 +454,21 @@ class Run:
         evicted)."""
         return self.terminal is not None
 
+    def state(self, now: float, stall_after: float) -> RunState:
+        """Where the run is (see :data:`RunState`) at ``now`` (the clock of :attr:`seen`): open
+        runs with no event for ``stall_after`` seconds are stalled until one comes."""
+        if self.terminal is not None:
+            return "evicted" if self.terminal.evicted else "final"
+        if self.finished:
+            return "finished"
+        return "stalled" if now - self.seen >= stall_after else "open"
+
+    @property
+    def _final(self) -> Done | None:
+        """Its final record (not an evicted one): every figure of a final run is its, the same
+        on every processor, whatever parts this one holds (some, none, or some it lost)."""
+        return self.terminal if self.terminal is not None and not self.terminal.evicted else None
+
     @property
     def rollouts(self) -> int:
         """Distinct rollouts consumed, by this process and (as last heard) its peers; once the
@@ -467,6 +491,9 @@ class Run:
 
     @property
     def duplicates(self) -> int:
+        """Events dropped as seen before: in this process's parts; once final, in the final's."""
+        if (final := self._final) is not None:
+            return sum(u.duplicates for u in final.units.values())
         return sum(p.duplicates for p in self.parts.values())
 
     @property
@@ -504,8 +531,11 @@ class Run:
     def tasks_complete(self) -> int:
         """Tasks whose every materialized row has its result here (masked ones included).
 
-        Inputs and rollouts of a task are co-partitioned, so over processors this adds up.
+        Inputs and rollouts of a task are co-partitioned, so over processors this adds up;
+        once final, the whole run's (its final record's).
         """
+        if (final := self._final) is not None:
+            return sum(u.tasks for u in final.units.values())
         retired = sum(p.final.tasks for p in self.parts.values() if p.final is not None)
         return retired + sum(self._tasks_by_part().values())
 

@@ -66,7 +66,14 @@ from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import make_app, serve
 from rewardstream.processors.live import AgentLive, of_state
 from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
-from rewardstream.processors.pipeline import EventKind, Late, Pipeline, Rejected, RemoteUnit
+from rewardstream.processors.pipeline import (
+    STALL_AFTER,
+    EventKind,
+    Late,
+    Pipeline,
+    Rejected,
+    RemoteUnit,
+)
 from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
 from rewardstream.sinks.files import ProfilePaths, write_files, write_final
 from rewardstream.sinks.metrics import Metrics
@@ -124,6 +131,7 @@ class StreamProcessor:
         advertise: str | None = None,
         evict_after: float = 24 * 3600.0,
         aggregate_metrics: bool = False,
+        stall_after: float = STALL_AFTER,
     ) -> None:
         self.bootstrap = bootstrap
         self.security = security or KafkaSecurity.from_env()  # SASL/TLS for every client
@@ -138,7 +146,7 @@ class StreamProcessor:
         self.advertise = advertise
         self.url: str | None = None  # where this processor serves its parts, once it does
         self.evict_after = evict_after
-        self.metrics = Metrics(lambda: self.pipeline.runs, self.lag)
+        self.metrics = Metrics(lambda: self.pipeline.runs, self.lag, clock=time.monotonic)
         self.pipeline = Pipeline(
             output_dir or self.state_dir / "finals",
             on_reject=self._reject,
@@ -146,6 +154,8 @@ class StreamProcessor:
             max_event_bytes=max_event_bytes,
             state_dir=self.state_dir / "parts",
             aggregate_metrics=aggregate_metrics,
+            stall_after=stall_after,
+            clock=time.monotonic,
         )
         self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
         self._parking = 0  # dead letters sent but not yet acknowledged
@@ -783,7 +793,7 @@ class StreamProcessor:
         record, so every processor drops them and parks their later events."""
         if not self.pipeline.leader:
             return
-        for run in self.pipeline.idle_runs(time.monotonic(), self.evict_after):
+        for run in self.pipeline.idle_runs(self.evict_after):
             if run.run_id in self._finishing:
                 continue
             log.warning(

@@ -213,6 +213,7 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         advertise=args.advertise_url,
         evict_after=args.evict_after,
         aggregate_metrics=args.aggregate_metrics,
+        stall_after=args.stall_after,
     )
 
     async def main() -> None:
@@ -485,6 +486,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=24 * 3600.0,
         metavar="S",
         help="evict a run with no event for S seconds, unfinished (default 86400)",
+    )
+    st.add_argument(
+        "--stall-after",
+        type=_seconds,
+        default=60.0,
+        metavar="S",
+        help="show an open run with no event for S seconds as stalled (rate 0, no ETA) until "
+        "its events resume (default 60)",
     )
     st.add_argument(
         "--max-event-bytes",

@@ -1,9 +1,10 @@
 """``rewardstream watch``: a processor's runs as a live table in the terminal (for SSH).
 
 It polls the processor's ``/runs`` and ``/runs/<id>`` (the whole run, as the page shows it)
-and redraws one table per poll with rich: per run its state, rollouts of expected, rate and
-ETA (from the last two polls), failed attempts, and per agent the rollouts, the reward's
-mean, std, min and max, the share of zero-variance tasks and pass@k. A processor that cannot
+and redraws one table per poll with rich: per run its state (a stalled run: since when it
+has had no event, rate 0, no ETA), rollouts of expected, rate and ETA (from the last two
+polls), failed attempts, and per agent the rollouts, the reward's mean, std, min and max, the
+share of zero-variance tasks and pass@k. A processor that cannot
 be reached is said in the table's caption, and watching goes on; ``--once`` prints one table
 and exits (2 when the processor cannot be reached).
 """
@@ -55,6 +56,14 @@ def _eta(run: dict[str, Any], rate: float | None) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(seconds))
 
 
+def _state(run: dict[str, Any]) -> str:
+    """The run's state; a stalled one says since when it has had no event."""
+    seconds = run.get("last_event_seconds")
+    if run["state"] == "stalled" and seconds is not None:
+        return f"stalled, last event {seconds} s ago"
+    return str(run["state"])
+
+
 def _failed(run: dict[str, Any]) -> str:
     count, rate = run.get("failed_attempts", 0), run.get("failure_rate")
     return str(count) if rate is None else f"{count} ({100 * rate:.1f}%)"
@@ -68,10 +77,10 @@ def render(runs: list[dict[str, Any]], rates: dict[str, float | None], caption: 
         overview.add_column(column, justify="left" if column in ("run", "state") else "right")
     parts: list[Table] = [overview]
     for run in runs:
-        rate = rates.get(run["run_id"])
+        rate = 0.0 if run["state"] == "stalled" else rates.get(run["run_id"])
         overview.add_row(
             run["run_id"],
-            run["state"],
+            _state(run),
             str(run["rollouts"]),
             str(run.get("expected_rollouts") or "-"),
             "-" if rate is None else f"{rate:,.0f}",

@@ -11,9 +11,10 @@ O(rollouts). No label is per task.
 from __future__ import annotations
 
 import collections
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter
@@ -29,6 +30,7 @@ from rewardstream.contract import REJECT_REASONS, RejectReason, Rollout
 from rewardstream.processors.difficulty import EDGES
 
 if TYPE_CHECKING:
+    from rewardstream.processors.live import AgentLive
     from rewardstream.processors.pipeline import EventKind
     from rewardstream.processors.profile import TaskFigures
     from rewardstream.processors.runs import Run
@@ -43,32 +45,40 @@ _LATENCY_BUCKETS = (
 
 
 class _LiveCollector(Collector):
-    """Reward mean/std/min/max by (run, agent), completion by run, consumer lag, latency."""
+    """Reward mean/std/min/max by (run, agent), completion by run, consumer lag, latency.
+
+    An open run's additive series are this processor's share; a final run's every series is
+    its final record's, the same on every processor whatever partitions it holds (some, none,
+    some it lost or got back): ``max``, not ``sum``, over processors for those (the recording
+    rules tell them apart by ``rewardstream_run_done``)."""
 
     def __init__(
         self,
         runs: Callable[[], dict[str, Run]],
         lag: Callable[[], dict[str, int]],
         folded: Callable[[], Iterator[Metric]],
+        clock: Callable[[], float],
     ) -> None:
-        self._runs, self._lag, self._folded = runs, lag, folded
+        self._runs, self._lag, self._folded, self._clock = runs, lag, folded, clock
 
     def collect(self) -> Iterator[Metric]:
         yield from self._folded()
         stats = {
             name: GaugeMetricFamily(
                 f"rewardstream_reward_{name}",
-                f"reward {name} over consumed rollouts",
+                f"reward {name} over the whole run (this processor's parts and its peers' "
+                "member records; the final's once final)",
                 labels=["run_id", "agent"],
             )
             for name in ("mean", "std", "min", "max")
         }
-        # additive over processors (tasks, hence rollouts, are partitioned): PromQL's sum by
-        # run_id and agent gives the run-wide mean and std (deploy/prometheus/rules.yml)
+        # additive over processors while open (tasks, hence rollouts, are partitioned): PromQL's
+        # sum by run_id and agent gives the run-wide mean and std (deploy/prometheus/rules.yml)
         additive = {
             name: GaugeMetricFamily(
                 f"rewardstream_reward_{name}",
-                f"{text} of the rewards of the rollouts consumed here",
+                f"{text} of the rewards of the rollouts consumed here (of the whole run once "
+                "final)",
                 labels=["run_id", "agent"],
             )
             for name, text in (
@@ -79,18 +89,26 @@ class _LiveCollector(Collector):
         }
         completion = GaugeMetricFamily(
             "rewardstream_run_completion_ratio",
-            "rollouts consumed here / expected rollouts of a run (NaN until its RunStarted "
-            "arrives); processors of one group each report their share: sum by run_id",
+            "rollouts of the whole run (this processor's and, as last heard, its peers'; the "
+            "final's once final) / expected rollouts (NaN until its RunStarted arrives): max "
+            "by run_id",
             labels=["run_id"],
         )
         tasks = GaugeMetricFamily(
             "rewardstream_run_tasks_complete",
-            "tasks with every expected rollout consumed (a share per processor, like completion)",
+            "tasks with every expected rollout consumed (a share per processor while open, "
+            "the final's once final)",
             labels=["run_id"],
         )
         done = GaugeMetricFamily(
             "rewardstream_run_done",
             "1 once the run has its final profile (written by any processor of the group)",
+            labels=["run_id"],
+        )
+        age = GaugeMetricFamily(
+            "rewardstream_run_last_event_age_seconds",
+            "seconds since this processor last heard of an event of a run without its final "
+            "(its own or, through member records, a peer's)",
             labels=["run_id"],
         )
         failed = CounterMetricFamily(
@@ -99,46 +117,50 @@ class _LiveCollector(Collector):
             "all: max by run_id, not sum)",
             labels=["run_id", "agent", "failure_class"],
         )
+        now = self._clock()
+        task_figures: dict[str, dict[str, _Tasks]] = {}
         for run_id, run in self._runs().items():
             if run.terminal is not None and run.terminal.evicted:
                 continue  # abandoned: its series go (README, --evict-after)
             for agent, classes in run.failures.items():
                 for failure_class, n in classes.items():
                     failed.add_metric([run_id, agent, failure_class], n)
-            for agent, live in run.live().items():
-                reward = live.columns.get("reward")
-                if reward is None or reward.count == 0:
-                    continue
-                for name, value in (
-                    ("mean", reward.mean),
-                    ("std", reward.std),
-                    ("min", reward.min),
-                    ("max", reward.max),
-                ):
-                    stats[name].add_metric([run_id, agent], value)
-                total = reward.count * reward.mean
-                additive["count"].add_metric([run_id, agent], reward.count)
-                additive["sum"].add_metric([run_id, agent], total)
-                additive["sum_squares"].add_metric([run_id, agent], reward.m2 + total * reward.mean)
+            whole = run.whole(now, figures=False)
+            for agent, live in whole.items():
+                reward = live.reward
+                if reward.count:
+                    for name, value in (
+                        ("mean", reward.mean),
+                        ("std", reward.std),
+                        ("min", reward.min),
+                        ("max", reward.max),
+                    ):
+                        stats[name].add_metric([run_id, agent], value)
+            if run.done:
+                shares = {agent: live.reward for agent, live in whole.items()}
+                task_figures[run_id] = {a: _Tasks.of_final(live) for a, live in whole.items()}
+            else:
+                shares = {
+                    a: s.columns[_REWARD] for a, s in run.live().items() if _REWARD in s.columns
+                }
+                task_figures[run_id] = {a: _Tasks.of(f) for a, f in run.task_figures().items()}
+                age.add_metric([run_id], now - run.seen)
+            for agent, reward in shares.items():
+                if reward.count:
+                    total = reward.count * reward.mean
+                    additive["count"].add_metric([run_id, agent], reward.count)
+                    additive["sum"].add_metric([run_id, agent], total)
+                    additive["sum_squares"].add_metric(
+                        [run_id, agent], reward.m2 + total * reward.mean
+                    )
             expected = run.expected
-            completion.add_metric(
-                [run_id], run.local_rollouts / expected if expected else float("nan")
-            )
+            completion.add_metric([run_id], run.rollouts / expected if expected else math.nan)
             tasks.add_metric([run_id], run.tasks_complete())
             done.add_metric([run_id], float(run.done))
         yield from stats.values()
         yield from additive.values()
-        yield completion
-        yield tasks
-        yield done
-        yield failed
-        yield from _task_families(
-            {
-                run_id: run.task_figures()
-                for run_id, run in self._runs().items()
-                if not (run.terminal is not None and run.terminal.evicted)
-            }
-        )
+        yield from (completion, tasks, done, age, failed)
+        yield from _task_families(task_figures)
         lag = GaugeMetricFamily(
             "rewardstream_consumer_lag", "messages behind the log end", labels=["partition"]
         )
@@ -147,17 +169,46 @@ class _LiveCollector(Collector):
         yield lag
 
 
+_REWARD = "reward"
 _TASK_KINDS = ("scored", "single", "zero_variance", "mixed", "all_max", "all_min")
 
 
-def _task_families(figures: dict[str, dict[str, TaskFigures]]) -> Iterator[Metric]:
-    """Task difficulty and pass@k by (run, agent), over this processor's tasks. Each family
-    adds up over the processors of a group (tasks are partitioned), so run-wide values are
-    sums: pass@k = sum(..._tasks_sum) / sum(..._tasks) by run_id, agent, k."""
+class _Tasks(NamedTuple):
+    """One agent's task figures as exported: counts by kind, pass@k sums and the per-task
+    mean reward histogram (cumulative buckets and sum), where known."""
+
+    kinds: dict[str, int]
+    passes: dict[int, tuple[float, int]]
+    histogram: tuple[list[float], float] | None
+
+    @classmethod
+    def of(cls, fig: TaskFigures) -> _Tasks:
+        kinds = {kind: fig.difficulty[kind] for kind in _TASK_KINDS}  # type: ignore[literal-required]
+        return cls(kinds, fig.passes, (list(map(float, fig.mean_le)), fig.mean_sum))
+
+    @classmethod
+    def of_final(cls, live: AgentLive) -> _Tasks:
+        """From a final record, which keeps what adds up (``all_max``/``all_min`` and the
+        histogram are in the final's ``task_difficulty.json``)."""
+        kinds = {
+            "scored": live.scored,
+            "single": live.single,
+            "zero_variance": live.zero_variance,
+            "mixed": live.scored - live.zero_variance,
+        }
+        return cls(kinds, live.passes, None)
+
+
+def _task_families(figures: dict[str, dict[str, _Tasks]]) -> Iterator[Metric]:
+    """Task difficulty and pass@k by (run, agent), over this processor's tasks while the run is
+    open (each family adds up over the processors of a group: tasks are partitioned, so
+    run-wide values are sums: pass@k = sum(..._tasks_sum) / sum(..._tasks) by run_id, agent,
+    k), over the whole run once final."""
     kinds = GaugeMetricFamily(
         "rewardstream_tasks",
         "tasks by reward spread: scored (2+ rollouts), single, zero_variance (all equal: no "
-        "GRPO signal), mixed, all_max / all_min (all at the agent's highest / lowest reward)",
+        "GRPO signal), mixed, all_max / all_min (all at the agent's highest / lowest reward; "
+        "while open only)",
         labels=["run_id", "agent", "kind"],
     )
     pass_sum = GaugeMetricFamily(
@@ -173,19 +224,20 @@ def _task_families(figures: dict[str, dict[str, TaskFigures]]) -> Iterator[Metri
     )
     means = HistogramMetricFamily(
         "rewardstream_task_mean_reward",
-        "per-task mean reward (the pass rate, for 0/1 rewards)",
+        "per-task mean reward (the pass rate, for 0/1 rewards), while the run is open",
         labels=["run_id", "agent"],
     )
     bounds = [*map(str, EDGES), "+Inf"]
     for run_id, agents in figures.items():
         for agent, fig in agents.items():
-            for kind in _TASK_KINDS:
-                kinds.add_metric([run_id, agent, kind], fig.difficulty[kind])  # type: ignore[literal-required]
+            for kind, n in fig.kinds.items():
+                kinds.add_metric([run_id, agent, kind], n)
             for k, (total, n) in fig.passes.items():
                 pass_sum.add_metric([run_id, agent, str(k)], total)
                 pass_n.add_metric([run_id, agent, str(k)], n)
-            buckets = list(zip(bounds, map(float, fig.mean_le), strict=True))
-            means.add_metric([run_id, agent], buckets, fig.mean_sum)
+            if fig.histogram is not None:
+                le, total = fig.histogram
+                means.add_metric([run_id, agent], list(zip(bounds, le, strict=True)), total)
     yield from (kinds, pass_sum, pass_n, means)
 
 
@@ -197,7 +249,10 @@ class Metrics:
         runs: Callable[[], dict[str, Run]],
         lag: Callable[[], dict[str, int]] = dict,
         registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: the engine's (:attr:`rewardstream.processors.pipeline.Pipeline.clock`),
+        which times the runs' last events."""
         self.registry = registry or CollectorRegistry()
         self.duplicates = Counter(
             "rewardstream_duplicates_dropped",
@@ -219,7 +274,7 @@ class Metrics:
         self._consumed: dict[str, int] = {}  # rollouts by agent, folded
         self._agents: collections.Counter[str | None] = collections.Counter()  # since last fold
         self._latencies: list[float] = []
-        self.registry.register(_LiveCollector(runs, lag, self._families))
+        self.registry.register(_LiveCollector(runs, lag, self._families, clock))
 
     def duplicate(self, kind: EventKind, n: int = 1) -> None:
         self.duplicates.labels(kind).inc(n)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from rewardstream.contract import Topics, task_key
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.pipeline import EventKind
 
-__all__ = ["Processor", "committed", "make_topics", "run_detail", "send_events"]
+__all__ = ["Processor", "committed", "make_topics", "run_detail", "send_events", "trickle"]
 
 
 async def make_topics(
@@ -88,6 +90,30 @@ def committed(bootstrap: str, group: str, topic: str, timeout: float = 90) -> in
             await admin.close()
 
     return asyncio.run(go())
+
+
+@contextlib.contextmanager
+def trickle(
+    bootstrap: str, topics: Topics, events: list[tuple[EventKind, bytes]], run_id: str
+) -> Iterator[None]:
+    """Send ``events`` one at a time, in a thread, while the block runs: a collection that is
+    alive however slowly the machine goes (every event starts its own producer)."""
+    stop = threading.Event()
+
+    def feed() -> None:
+        for event in events:
+            if stop.is_set():
+                return
+            send_events(bootstrap, topics, [event], run_id)
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=feed)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 Runs = dict[str, dict[str, object]]

@@ -89,8 +89,7 @@ def test_the_shipped_prometheus_gives_the_run_wide_mean_and_std_of_two_processor
     log = tmp_path / "processors.log"
     members = [Processor(kafka_bootstrap, prefix, tmp_path / "out", log) for _ in range(2)]
     processors.extend(members)
-    # both in the group before the data: a partition that moves after the run's final takes
-    # its share out of the sums (README, "Prometheus")
+    # both in the group before the data: each holds a share of the open run
     deadline = time.monotonic() + 90
     while any(len(m.units()) != 4 for m in members):
         assert time.monotonic() < deadline, [m.units() for m in members]

@@ -6,16 +6,20 @@ member cover the whole run; a member lost with its disk is rebuilt from Kafka.""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import shutil
 import signal
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 from rewardstream.cli import main
 from rewardstream.contract import Topics
@@ -25,7 +29,7 @@ from tests.golden import (
     generated_collection,
     partial_batch_profile,
 )
-from tests.processes import Processor, Runs, make_topics, send_events
+from tests.processes import Processor, Runs, make_topics, run_detail, send_events
 
 pytestmark = [
     pytest.mark.kafka,
@@ -265,3 +269,91 @@ def test_a_run_that_never_finishes_is_evicted_and_its_late_events_are_parked(
     p.wait(parked)
     argv = ["profiles", "get", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix]
     assert main([*argv, "--run-id", "stale", "--out", str(tmp_path / "get")]) == 2
+
+
+def _figures(p: Processor, run_id: str) -> dict[str, Any]:
+    """What ``p`` says of a run on every channel: ``/metrics`` (completion ratio, reward mean
+    per agent, as text: the exact float) and ``/runs/<id>``."""
+    with urllib.request.urlopen(f"{p.url}/metrics", timeout=10) as r:
+        families = text_string_to_metric_families(r.read().decode())
+    completion, means = None, {}
+    for family in families:
+        for sample in family.samples:
+            if sample.labels.get("run_id") != run_id:
+                continue
+            if sample.name == "rewardstream_run_completion_ratio":
+                completion = sample.value
+            elif sample.name == "rewardstream_reward_mean":
+                means[sample.labels["agent"]] = sample.value
+    return {"completion": completion, "means": means, "detail": run_detail(p.url, run_id)}
+
+
+def _the_finals(figures: dict[str, Any], batch: dict[str, Any], expected: int) -> bool:
+    """Every figure is the final's: complete, the batch profile's means, /runs/<id> agreeing
+    with /metrics to the bit."""
+    detail = figures["detail"]
+    if detail["state"] != "final" or figures["completion"] != 1.0:
+        return False
+    agents = detail["agents"]
+    if figures["means"].keys() != batch.keys() or agents.keys() != batch.keys():
+        return False
+    if sum(a["rollouts"] for a in agents.values()) != expected or detail["rollouts"] != expected:
+        return False
+    return all(
+        math.isclose(figures["means"][name], row["mean/reward"], rel_tol=1e-12)
+        and figures["means"][name] == agents[name]["reward"]["mean"]
+        for name, row in batch.items()
+    )
+
+
+def test_every_member_shows_the_finals_figures_after_members_join_and_leave(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """A member that held every partition, lost half to a joining member before the final
+    and got them back when it left (replaying nothing of the done run), and a member that
+    joined after the final: each one's ``/metrics`` and ``/runs/<id>`` are the final's
+    figures, equal to ``ng_reward_profile``'s agent metrics."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=300, repeats=4, seed=31)
+    batch = {
+        row["agent_ref"]["name"]: row
+        for row in orjson.loads((inputs.parent / "r_agent_metrics.json").read_bytes())
+    }
+    events = file_events(inputs, rollouts, "run", "r", finish=False)
+    n_in = sum(1 for k, _ in events if k == "input")
+    half = n_in + 600
+    prefix = unique_name("rs")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, PARTITIONS))
+    (a,) = _start(kafka_bootstrap, prefix, tmp_path, ["a"], processors)
+    send_events(kafka_bootstrap, topics, [*events[:half], events[-1]], "run")
+    a.wait(lambda runs: runs.get("run", {}).get("rollouts") == 600)
+
+    def split(p: Processor, q: Processor) -> Callable[[Runs], bool]:
+        return lambda _: bool(_units(q)) and len(_units(p) | _units(q)) == 2 * PARTITIONS
+
+    b = Processor(kafka_bootstrap, prefix, tmp_path / "unused", a.log, private_disk=tmp_path / "b")
+    processors.append(b)
+    b.wait(split(a, b), timeout=120)
+    for p in (a, b):
+        p.wait(lambda runs: runs.get("run", {}).get("rollouts") == 600)
+    send_events(kafka_bootstrap, topics, events[half:-1], "run")  # complete: the final comes
+    for p in (a, b):
+        p.wait(_done("run"))
+
+    def until_final(members: tuple[Processor, ...]) -> None:
+        deadline = time.monotonic() + 60
+        while not all(_the_finals(_figures(p, "run"), batch, 1200) for p in members):
+            assert time.monotonic() < deadline, [_figures(p, "run") for p in members]
+            time.sleep(0.3)
+
+    until_final((a, b))
+    b.kill(signal.SIGTERM)  # leaves: its partitions come back to a, which skips the done run
+    a.wait(lambda _: len(_units(a)) == 2 * PARTITIONS)
+    c = Processor(kafka_bootstrap, prefix, tmp_path / "unused", a.log, private_disk=tmp_path / "c")
+    processors.append(c)  # joins after the final
+    c.wait(split(a, c), timeout=120)
+    c.wait(_done("run"))
+    until_final((a, c))

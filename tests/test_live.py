@@ -17,6 +17,7 @@ from rewardstream.processors.page import LiveView
 from rewardstream.processors.pipeline import Pipeline, RemoteUnit
 from rewardstream.processors.profile import TOKEN_BINS
 from rewardstream.processors.runs import FIGURES_EVERY, Counts, Done, merge_parts
+from rewardstream.sinks.metrics import Metrics
 from tests.golden import file_events, generated_collection
 
 
@@ -167,3 +168,82 @@ def test_peers_summaries_join_the_view_and_gaps_are_named(tmp_path: Path) -> Non
         run.terminal = Done(0, 0, {}, {}, "r", False, final)
         pipeline.set_remote({})  # the peers' records no longer carry the done run
         assert run.whole(0.0)[agent].rollouts == 2 * mine[agent].rollouts
+
+
+class _Clock:
+    """The engine's clock, moved by hand: states change without waiting for real time."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_run_without_events_stalls_and_resumes(tmp_path: Path) -> None:
+    """An open run with no event for ``stall_after`` seconds is stalled (rate 0, no ETA, its
+    age in /metrics) until an event of it comes, or a peer says it consumed some; a finished
+    run never stalls."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=20, repeats=2, seed=4)
+    *data, started = file_events(inputs, rollouts, "r", "r", False)
+    clock = _Clock()
+    with Pipeline(tmp_path / "out", stall_after=30.0, clock=clock) as pipeline:
+        view = LiveView(pipeline)
+        metrics = Metrics(lambda: pipeline.runs, clock=clock)
+        for kind, raw in [started, *data[:-5]]:
+            pipeline.handle(kind, raw)
+        run = pipeline.runs["r"]
+
+        def shown() -> tuple[str, float | None, float | None, int | None]:
+            s = view.summary(run)
+            return s["state"], s["rate"], s["eta_seconds"], s["last_event_seconds"]
+
+        def age() -> float | None:
+            name = "rewardstream_run_last_event_age_seconds"
+            return metrics.registry.get_sample_value(name, {"run_id": "r"})
+
+        assert shown()[0] == "open" and shown()[3] == 0 and age() == 0.0
+        clock.now += 29.5
+        assert shown()[0] == "open"
+        clock.now += 0.5
+        assert shown() == ("stalled", 0.0, None, 30) and age() == 30.0
+        pipeline.handle(*data[-5])  # events resume
+        assert shown()[0] == "open" and age() == 0.0
+        clock.now += 45
+        assert shown()[0] == "stalled"
+        pipeline.set_remote({"rollout-1": RemoteUnit(3, {"r": Counts(0, 3)}, {})})  # a peer's
+        assert shown()[0] == "open"
+        clock.now += 30
+        pipeline.set_remote({"rollout-1": RemoteUnit(3, {"r": Counts(0, 3)}, {})})  # the same
+        assert shown()[0] == "stalled"
+        pipeline.handle("control", encode(RunFinished(run_id="r")))
+        clock.now += 3600
+        assert shown()[0] == "finished"
+
+
+def test_a_final_runs_metrics_are_its_final_records_whatever_parts_are_held(
+    tmp_path: Path,
+) -> None:
+    """Completion, reward gauges, tasks and duplicates of a final run are the final's, the
+    same after this processor lost units of it (or never held any) as before."""
+    with _pipeline(tmp_path, "one", 4) as pipeline:
+        run = pipeline.runs["r"]
+        pipeline.handle("control", encode(RunFinished(run_id="r")))
+        assert finish(pipeline, run) is not None and run.terminal is not None
+        assert run.terminal.agents is not None
+        metrics = Metrics(lambda: pipeline.runs)
+
+        def sample(name: str, **labels: str) -> float | None:
+            return metrics.registry.get_sample_value(name, {"run_id": "r", **labels})
+
+        final = {a: live.reward for a, live in run.terminal.agents.items()}
+        for name in ("input-1", "rollout-1", "input-2", "rollout-2"):
+            pipeline.release(name)  # lost in a rebalance: a quarter of the run is left here
+        assert 0 < run.local_rollouts < run.rollouts
+        assert sample("rewardstream_run_completion_ratio") == 1.0
+        assert sample("rewardstream_run_tasks_complete") == 60
+        for agent, reward in final.items():
+            assert sample("rewardstream_reward_mean", agent=agent) == reward.mean
+            assert sample("rewardstream_reward_count", agent=agent) == reward.count
+            assert sample("rewardstream_tasks", agent=agent, kind="scored") == 20
+        assert LiveView(pipeline).summary(run)["duplicates_dropped"] == 0

@@ -31,7 +31,7 @@ from selenium.webdriver.chrome.service import Service
 from rewardstream.contract import RunFinished, Topics, encode
 from rewardstream.processors.page import HISTORY_EVERY
 from tests.golden import file_events, generated_collection
-from tests.processes import Processor, make_topics, run_detail, send_events
+from tests.processes import Processor, make_topics, run_detail, send_events, trickle
 
 pytestmark = pytest.mark.kafka
 DOCS = Path(__file__).parent.parent / "docs"
@@ -169,6 +169,54 @@ def test_the_page_shows_the_run_live_in_a_browser(
     _until(browser, p.url, "live", "final")
     browser.get(p.url + "/runs/nope")
     assert "unknown run_id" not in browser.page_source  # the page, which finds no such run
+
+
+def test_the_page_shows_a_run_stalled_and_back_open(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+    browser: webdriver.Chrome,
+) -> None:
+    """A run whose events stop is stalled within ``--stall-after`` (rate 0, no ETA, how long
+    since its last event, on the page, in ``/runs`` and ``/metrics``), and open again once its
+    events resume."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=100, repeats=2, seed=7)
+    prefix = unique_name("stall")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
+    stall = 3.0
+    log = tmp_path / "processor.log"
+    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", log, extra=["--stall-after", "3"])
+    processors.append(p)
+    events = file_events(inputs, rollouts, "s", "r", False)
+    data = [e for e in events if e[0] == "rollout"]
+    send_events(kafka_bootstrap, topics, [*(e for e in events if e[0] == "input"), events[-1]], "s")
+    send_events(kafka_bootstrap, topics, data[:100], "s")
+    p.wait(_rollouts("s", 100))
+    stopped = time.monotonic()  # the processor has had its last event by now
+    browser.get(p.url + "/runs/s")
+    shown = _until(browser, p.url, "s", "stalled")
+    assert time.monotonic() - stopped < stall + 10  # within the stall time, and a push
+    row = shown["runs"]["s"]
+    assert (row["rate"], row["eta"]) == ("0", "-"), row
+    cells = browser.execute_script(
+        "return [document.querySelector('#runs tbody tr td[data-field=state]').textContent,"
+        " document.querySelector('#run-facts').textContent]"
+    )
+    assert cells[0].startswith("stalled last event ") and "no event for" in cells[1], cells
+    summary = p.runs()["s"]
+    assert summary["rate"] == 0.0 and summary["eta_seconds"] is None
+    assert isinstance(summary["last_event_seconds"], int) and summary["last_event_seconds"] >= 3
+    with urllib.request.urlopen(p.url + "/metrics", timeout=10) as r:
+        ages = [
+            float(line.rsplit(" ", 1)[1])
+            for line in r.read().decode().splitlines()
+            if line.startswith('rewardstream_run_last_event_age_seconds{run_id="s"}')
+        ]
+    assert len(ages) == 1 and ages[0] >= stall
+    with trickle(kafka_bootstrap, topics, data[100:], "s"):  # events resume
+        _until(browser, p.url, "s", "open")
 
 
 def test_any_processor_shows_the_whole_run(

@@ -5,11 +5,12 @@ says and updating as rollouts arrive."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from rewardstream.contract import Topics
 from tests.golden import file_events, generated_collection
-from tests.processes import Processor, make_topics, run_detail, send_events
+from tests.processes import Processor, make_topics, run_detail, send_events, trickle
 
 pytestmark = pytest.mark.kafka
 CLI = [sys.executable, "-m", "rewardstream.cli"]
@@ -60,24 +61,7 @@ def test_watch_shows_the_run_and_follows_it(
     assert once.returncode == 0, once.stderr
     assert _shows(once.stdout, run_detail(p.url, "w")), once.stdout
 
-    tmux = shutil.which("tmux")
-    assert tmux is not None, "tmux is needed (.ci/system-deps)"
-    socket = ["-L", unique_name("rs")]
-    watch = [*CLI, "watch", "--url", p.url, "--run-id", "w", "--interval", "0.5"]
-    command = " ".join(["env", "COLUMNS=200", *watch])  # a detached session is 80 wide
-    subprocess.run(
-        [tmux, *socket, "new-session", "-d", "-s", "w", "-x", "200", "-y", "60", command],
-        check=True,
-    )
-    try:
-
-        def screen() -> str:
-            return subprocess.run(
-                [tmux, *socket, "capture-pane", "-p", "-t", "w"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
+    with _watching(p.url, "w", unique_name("rs")) as screen:
 
         def until(detail: dict[str, Any]) -> None:
             deadline = time.monotonic() + 30
@@ -89,8 +73,75 @@ def test_watch_shows_the_run_and_follows_it(
         send_events(kafka_bootstrap, topics, later, "w")
         p.wait(lambda runs: runs.get("w", {}).get("rollouts") == 400)
         until(run_detail(p.url, "w"))  # redrawn with the new counts and means, no key pressed
+
+
+@contextlib.contextmanager
+def _watching(url: str, run_id: str, socket: str) -> Iterator[Callable[[], str]]:
+    """``rewardstream watch`` of one run live in a detached tmux session (200 columns);
+    yields what its screen shows now."""
+    tmux = shutil.which("tmux")
+    assert tmux is not None, "tmux is needed (.ci/system-deps)"
+    server = [tmux, "-L", socket]
+    watch = [*CLI, "watch", "--url", url, "--run-id", run_id, "--interval", "0.5"]
+    command = " ".join(["env", "COLUMNS=200", *watch])  # a detached session is 80 wide
+    subprocess.run(
+        [*server, "new-session", "-d", "-s", "w", "-x", "200", "-y", "60", command], check=True
+    )
+
+    def screen() -> str:
+        return subprocess.run(
+            [*server, "capture-pane", "-p", "-t", "w"], capture_output=True, text=True, check=True
+        ).stdout
+
+    try:
+        yield screen
     finally:
-        subprocess.run([tmux, *socket, "kill-server"], check=False)
+        subprocess.run([*server, "kill-server"], check=False)
+
+
+def _row(screen: str, run_id: str) -> list[str]:
+    """The cells of the run's row in the runs table."""
+    line = next(line for line in screen.splitlines() if line.strip("│ ").startswith(run_id))
+    return [cell.strip() for cell in line.split("│")[1:-1]]
+
+
+def test_watch_shows_a_stalled_run_and_its_return(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """A run whose events stop is shown stalled (since when, rate 0, no ETA) within
+    ``--stall-after``, and open again once they resume."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=100, repeats=2, seed=10)
+    prefix = unique_name("watch")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
+    log = tmp_path / "processor.log"
+    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", log, extra=["--stall-after", "3"])
+    processors.append(p)
+    events = file_events(inputs, rollouts, "s", "r", False)
+    data = [e for e in events if e[0] == "rollout"]
+    send_events(kafka_bootstrap, topics, [e for e in events if e[0] != "rollout"], "s")
+    send_events(kafka_bootstrap, topics, data[:50], "s")
+    p.wait(lambda runs: runs.get("s", {}).get("rollouts") == 50)
+    stopped = time.monotonic()
+
+    def until(state: str, deadline: float) -> list[str]:
+        while True:
+            text = screen()
+            if any(line.strip("│ ").startswith("s ") for line in text.splitlines()):
+                row = _row(text, "s")
+                if row[1].startswith(state):
+                    return row
+            assert time.monotonic() < deadline, text
+            time.sleep(0.2)
+
+    with _watching(p.url, "s", unique_name("rs")) as screen:
+        row = until("stalled, last event ", stopped + 3 + 10)
+        assert (row[4], row[5]) == ("0", "-"), row  # rate 0, no ETA
+        with trickle(kafka_bootstrap, topics, data[50:], "s"):  # events resume
+            until("open", time.monotonic() + 30)
 
 
 def test_watch_names_what_it_cannot_reach() -> None:

@@ -51,6 +51,7 @@ function renderRuns(runs) {
     badge.className = "state " + run.state;
     badge.textContent = run.state;
     state.append(badge);
+    if (run.state === "stalled") state.append(` last event ${duration(run.last_event_seconds)} ago`);
     cell(row, run.rollouts, "rollouts", run.rollouts);
     cell(row, run.expected_rollouts ?? "-", "expected", run.expected_rollouts);
     const share = run.expected_rollouts ? Math.min(1, run.rollouts / run.expected_rollouts) : 0;
@@ -77,8 +78,10 @@ function renderRun(run) {
   const missing = run.partitions_missing.length
     ? ` - the figures leave out partitions ${run.partitions_missing.join(", ")}, whose ` +
       "processor sends no summary (see its log)" : "";
+  const stalled = run.state === "stalled"
+    ? ` (no event for ${duration(run.last_event_seconds)}: stopped, or stuck?)` : "";
   $("#run-facts").textContent =
-    `${run.state} - ${run.rollouts} of ${run.expected_rollouts ?? "?"} rollouts, ` +
+    `${run.state}${stalled} - ${run.rollouts} of ${run.expected_rollouts ?? "?"} rollouts, ` +
     `${run.inputs} input rows, profile ${run.stem}_reward_profiling.jsonl${missing}`;
   const body = $("#agents tbody");
   body.replaceChildren();
@@ -171,7 +174,7 @@ function drawCharts(run) {
 function pick(runs) {
   // a run the user did not choose follows the newest open one
   if (pinned && runs.some((r) => r.run_id === selected)) return selected;
-  const open = runs.filter((r) => r.state === "open" || r.state === "finished");
+  const open = runs.filter((r) => ["open", "stalled", "finished"].includes(r.state));
   const run = (open.length ? open : runs)[(open.length ? open : runs).length - 1];
   return run ? run.run_id : null;
 }
