@@ -1302,6 +1302,25 @@ class Trial:
         self.until(lambda: publisher.proc.poll() is not None, "the publisher")
 
     # -- the fault kinds of issue 24: what the product must do is spelled out --------------
+    def start_group(self, sizes: list[int]) -> int:
+        """The collection and topics, then one of ``sizes`` members, once they own every
+        partition; returns how many."""
+        size = self.rng.choice(sizes)
+        self.prepare()
+        for _ in range(size):
+            self.start_processor()
+        self.wait_owned()
+        return size
+
+    def feed_part(self, low: float, high: float) -> tuple[Feeder, Publisher]:
+        """A following publisher, once a share (``low``-``high``) of the rollouts is fed and
+        published."""
+        feeder = self.feeder = Feeder(self.sent_rollouts, self.live)
+        publisher = self.start_publisher(follow=True)
+        feeder.feed(self.rng.uniform(low, high), self.feed_s * 0.5)
+        self.published(feeder)
+        return feeder, publisher
+
     def baseline_trial(self) -> None:
         """No fault: the collection fed and published to one processor. The control of the
         sweep, and, with a plant (:data:`PLANTS`), the harness's self-test."""
@@ -1321,15 +1340,8 @@ class Trial:
         with other content (the reward flipped) while the run is open. Expected: exactly that
         many ``conflict`` dead letters, and the final equal to batch on the original content
         (the reference is the collection as first published)."""
-        size = self.rng.choice([1, 2])
-        self.prepare()
-        for _ in range(size):
-            self.start_processor()
-        self.wait_owned()
-        feeder = self.feeder = Feeder(self.sent_rollouts, self.live)
-        publisher = self.start_publisher(follow=True)
-        feeder.feed(self.rng.uniform(0.3, 0.7), self.feed_s * 0.5)
-        self.published(feeder)
+        size = self.start_group([1, 2])
+        feeder, publisher = self.feed_part(0.3, 0.7)
         rows = self.sent_rollouts.read_bytes().splitlines(keepends=True)
         chosen = self.rng.sample(range(feeder.lines), self.rng.randint(1, 5))
         changed = [_reward_flipped(rows[i]) for i in chosen]
@@ -1345,11 +1357,7 @@ class Trial:
         task, or a task the inputs lack), sent among the real rollouts or after the last of
         them (before ``run_finished``). Expected: one ``unknown-key`` dead letter each, and
         the final equal to batch on the collection."""
-        size = self.rng.choice([1, 2])
-        self.prepare()
-        for _ in range(size):
-            self.start_processor()
-        self.wait_owned()
+        size = self.start_group([1, 2])
         rows = self.sent_rollouts.read_bytes().splitlines(keepends=True)
         foreign = []
         for k in range(self.rng.randint(1, 4)):
@@ -1378,11 +1386,7 @@ class Trial:
         """A member frozen (SIGSTOP) while a snapshot is asked of another: the snapshot must
         answer within :data:`SNAPSHOT_BOUND_S`, either whole (equal to the batch profile of
         its offsets) or HTTP 503 naming the frozen member's partitions."""
-        size = self.rng.choice([2, 3])
-        self.prepare()
-        for _ in range(size):
-            self.start_processor()
-        self.wait_owned()
+        size = self.start_group([2, 3])
         publisher = self.start_feed()
         self.publishing()
         time.sleep(self.rng.uniform(0.1, 0.4) * self.feed_s)
@@ -1405,11 +1409,7 @@ class Trial:
         of snapshot requests comes in: each must answer within :data:`SNAPSHOT_BOUND_S` with
         200, 429 (with ``Retry-After``) or 503, ``/healthz`` within :data:`HEALTHZ_BOUND_S`
         throughout, and a snapshot after the storm must equal the batch profile."""
-        size = self.rng.choice([1, 2])
-        self.prepare()
-        for _ in range(size):
-            self.start_processor()
-        self.wait_owned()
+        size = self.start_group([1, 2])
         publisher = self.start_feed()
         self.publishing()
         time.sleep(self.rng.uniform(0.1, 0.4) * self.feed_s)
@@ -1528,15 +1528,8 @@ class Trial:
         or just after the final record, one member joins and one leaves (SIGTERM), sometimes
         one more is killed; every member that reports the run must report it final with
         every rollout within :data:`ONE_TRUTH_S` of its final record."""
-        size = self.rng.choice([2, 3])
-        self.prepare()
-        for _ in range(size):
-            self.start_processor()
-        self.wait_owned()
-        feeder = self.feeder = Feeder(self.sent_rollouts, self.live)
-        publisher = self.start_publisher(follow=True)
-        feeder.feed(self.rng.uniform(0.5, 0.8), self.feed_s * 0.5)
-        self.published(feeder)
+        size = self.start_group([2, 3])
+        feeder, publisher = self.feed_part(0.5, 0.8)
         feeder.feed(1.0, self.feed_s * 0.3)
         when = self.rng.choice(["run-finished", "final"])
         self.until(lambda: publisher.proc.poll() is not None, "the publisher")
