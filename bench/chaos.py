@@ -1,7 +1,7 @@
 """Fault-injection trials: a real broker, real processes, nothing lost, nothing counted twice.
 
     python -m bench.chaos [--fault all] [--trials 20] [--seed 0] [--bootstrap HOST:PORT]
-                          [--summary FILE] [--keep DIR] [--fast]
+                          [--summary FILE] [--keep DIR] [--fast] [--plant KIND]
 
 Each trial is seeded (trial ``i`` of a fault runs seed ``--seed + i``; ``--fault F --seed S
 --trials 1`` repeats one): it generates a collection (``bench/generate.py``, 300-2,000 tasks x
@@ -38,6 +38,11 @@ while the publisher follows it, as during a collection) and injects one fault:
 - ``two-groups``: two groups of processors on the same topics side by side, each with its own
   exactly-one final (``profiles get --group-id``), both equal to batch; sometimes a member of
   one of them killed and replaced;
+- ``baseline``: no fault (the control); with ``--plant`` (:data:`PLANTS`) a finding the
+  judge must report: the harness's self-test (``tests/test_chaos.py``);
+- ``conflict``, ``foreign-keys``, ``frozen-peer``, ``snapshot-storm``, ``member-churn``
+  (issue 24): each method's docstring says what the product must do, e.g. exactly N
+  ``conflict`` dead letters, snapshots answered within :data:`SNAPSHOT_BOUND_S`;
 - ``older-format``: a member record of a newer format (``"v": 2``) planted in another prefix's
   ``<prefix>.members``: a processor of that prefix must stop with exit code 2 and one error
   line, having written nothing (no Kafka record, no committed offset, no file on its disk),
@@ -65,8 +70,10 @@ could or since). Lost and double-counted rollouts are counted three ways: per ta
 final profile's ``num_rollouts``, from the processors' ``/runs`` counters, and from an audit of
 the final record against the collection (its inputs and rollouts, in all and per unit, each
 held once, and every offset of a unit before the record's cut counted once: as new or as a
-duplicate). Events read after the final are dead letters (``run-final``); any other reason is
-a finding. Recovery time: from the restart of the killed component (for ``zombie`` and
+duplicate, or parked as a dead letter). Events read after the final are dead letters
+(``run-final``); besides those, the dead letters (every partition, read to its end) must be
+exactly those the fault kind expects (none for most); anything else is a finding.
+Recovery time: from the restart of the killed component (for ``zombie`` and
 ``pause-member`` the stop, for ``scale`` each step, for ``broker-kill`` the kill) until the
 processors have consumed the log as far as it reached then (or, for the last restart of a
 ``kill-processor`` trial, which comes after the collection ended, until the final profile is
@@ -2127,7 +2134,12 @@ def main() -> None:
         "--keep", type=Path, default=Path("bench/out/chaos"), help="failed trials' folders"
     )
     ap.add_argument("--fast", action="store_true", help="the small trials of the test suite")
+    ap.add_argument(
+        "--plant", choices=PLANTS, default=None, help="a finding to plant (--fault baseline only)"
+    )
     a = ap.parse_args()
+    if a.plant is not None and a.fault != ["baseline"]:
+        ap.error("--plant needs --fault baseline (and no other kind)")
     # the trial's own clients retry while a broker is down: their log lines are no findings
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     faults = FAULTS if not a.fault or "all" in a.fault else tuple(a.fault)
@@ -2144,7 +2156,7 @@ def main() -> None:
                     bootstrap = stack.enter_context(LocalBroker()).bootstrap
                 for seed in range(a.seed, a.seed + a.trials):
                     work = root / f"{fault}-{seed}"
-                    result = run_trial(fault, seed, bootstrap, work, sizes)
+                    result = run_trial(fault, seed, bootstrap, work, sizes, a.plant)
                     print(result.line(), flush=True)
                     results.append(result)
                     if not result.ok:
