@@ -1435,13 +1435,18 @@ class Trial:
             "storm": {"requests": storm, "idle": idle, "answers": dict(codes)},
             "healthz_max_s": round(max(health, default=0.0), 2),
         }
-        for code, took, retry in answers:
-            if code not in (200, 429, 503):
-                self.errors.append(f"storm: a snapshot answered {code} after {took:.1f} s")
-            elif took > SNAPSHOT_BOUND_S:
-                self.errors.append(f"storm: a snapshot took {took:.1f} s (answer {code})")
-            elif code == 429 and not retry:
-                self.errors.append("storm: a 429 without Retry-After")
+        odd = Counter(str(code) for code, _, _ in answers if code not in (200, 429, 503))
+        slow = [took for _, took, _ in answers if took > SNAPSHOT_BOUND_S]
+        bare = sum(1 for code, _, retry in answers if code == 429 and not retry)
+        if odd:
+            self.errors.append(f"storm: answers other than 200, 429, 503: {dict(odd)}")
+        if slow:
+            self.errors.append(
+                f"storm: {len(slow)} of {storm} snapshots over {SNAPSHOT_BOUND_S} s "
+                f"(the longest {max(slow):.1f} s)"
+            )
+        if bare:
+            self.errors.append(f"storm: {bare} answers 429 without Retry-After")
         if max(health, default=0.0) > HEALTHZ_BOUND_S:
             self.errors.append(f"storm: /healthz took {max(health):.1f} s")
         self.until(lambda: publisher.proc.poll() is not None, "the publisher")
@@ -1555,6 +1560,7 @@ class Trial:
             self.errors.append(f"member-churn: a leaving member exited {leaving.proc.returncode}")
         self.detail |= {"processors": size, "churn_at": when, "killed": killed}
         self.one_truth()
+        self.wait_owned()  # the newcomer up (a SIGTERM while it starts is no finding)
 
     def one_truth(self) -> None:
         """Within :data:`ONE_TRUTH_S` of the run's final record, every live member that reports
