@@ -1,7 +1,7 @@
 """Fault-injection trials: a real broker, real processes, nothing lost, nothing counted twice.
 
     python -m bench.chaos [--fault all] [--trials 20] [--seed 0] [--bootstrap HOST:PORT]
-                          [--summary FILE] [--keep DIR] [--fast]
+                          [--summary FILE] [--keep DIR] [--fast] [--plant KIND]
 
 Each trial is seeded (trial ``i`` of a fault runs seed ``--seed + i``; ``--fault F --seed S
 --trials 1`` repeats one): it generates a collection (``bench/generate.py``, 300-2,000 tasks x
@@ -38,6 +38,11 @@ while the publisher follows it, as during a collection) and injects one fault:
 - ``two-groups``: two groups of processors on the same topics side by side, each with its own
   exactly-one final (``profiles get --group-id``), both equal to batch; sometimes a member of
   one of them killed and replaced;
+- ``baseline``: no fault (the control); with ``--plant`` (:data:`PLANTS`) a finding the
+  judge must report: the harness's self-test (``tests/test_chaos.py``);
+- ``conflict``, ``foreign-keys``, ``frozen-peer``, ``snapshot-storm``, ``member-churn``
+  (issue 24): each method's docstring says what the product must do, e.g. exactly N
+  ``conflict`` dead letters, snapshots answered within :data:`SNAPSHOT_BOUND_S`;
 - ``older-format``: a member record of a newer format (``"v": 2``) planted in another prefix's
   ``<prefix>.members``: a processor of that prefix must stop with exit code 2 and one error
   line, having written nothing (no Kafka record, no committed offset, no file on its disk),
@@ -65,8 +70,10 @@ could or since). Lost and double-counted rollouts are counted three ways: per ta
 final profile's ``num_rollouts``, from the processors' ``/runs`` counters, and from an audit of
 the final record against the collection (its inputs and rollouts, in all and per unit, each
 held once, and every offset of a unit before the record's cut counted once: as new or as a
-duplicate). Events read after the final are dead letters (``run-final``); any other reason is
-a finding. Recovery time: from the restart of the killed component (for ``zombie`` and
+duplicate, or parked as a dead letter). Events read after the final are dead letters
+(``run-final``); besides those, the dead letters (every partition, read to its end) must be
+exactly those the fault kind expects (none for most); anything else is a finding.
+Recovery time: from the restart of the killed component (for ``zombie`` and
 ``pause-member`` the stop, for ``scale`` each step, for ``broker-kill`` the kill) until the
 processors have consumed the log as far as it reached then (or, for the last restart of a
 ``kill-processor`` trial, which comes after the collection ended, until the final profile is
@@ -89,14 +96,17 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
+import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,7 +114,7 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
@@ -116,13 +126,15 @@ from rewardstream.engine_contract import EngineTopics, FinalRecord
 from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import LocalBroker, LocalCluster
 from rewardstream.processors.pipeline import EventKind
+from rewardstream.producers.events import rollout_events
 from rewardstream.sinks.profiles import ensure_topics, list_finals, read_finals, read_to_end
 from tests.golden import OUTPUT_SUFFIXES, file_events
-from tests.processes import Processor, make_topics, send_events
+from tests.processes import Processor, make_topics, read_topic, send_events
 
-__all__ = ["FAST", "FAULTS", "Result", "Sizes", "run_trial", "summary"]
+__all__ = ["FAST", "FAULTS", "PLANTS", "Result", "Sizes", "run_trial", "summary"]
 
 FAULTS = (
+    "baseline",
     "kill-processor",
     "broker-restart",
     "group-rebalance",
@@ -135,7 +147,20 @@ FAULTS = (
     "broker-kill",
     "two-groups",
     "older-format",
+    "conflict",
+    "foreign-keys",
+    "frozen-peer",
+    "snapshot-storm",
+    "member-churn",
 )
+PLANTS = ("lost", "double", "dead-letter", "wrong-byte")
+"""Findings a ``baseline`` trial can be made to hold, for the harness's self-test: a key
+withheld from what is published (lost), one key added (double-counted), a poison event in
+the rollouts topic (an unexpected dead letter), one reward changed (wrong bytes in the
+final). The trial's reference (its batch profile, its expected counts) stays the collection."""
+SNAPSHOT_BOUND_S = 10.0  # a snapshot answers (200, 429, 503) within this, whatever its peers do
+HEALTHZ_BOUND_S = 2.0  # and /healthz within this, during a snapshot storm
+ONE_TRUTH_S = 10.0  # every live member reports a final run as final within this of its record
 PARTITIONS = 4  # of each data topic
 SESSION_TIMEOUT_S = 10.0  # aiokafka's default session_timeout_ms: processors/stream.py keeps it
 KILL_MODES = ("consume", "checkpoint", "snapshot")  # "checkpoint": between offset commits
@@ -257,33 +282,9 @@ async def _a_commit(bootstrap: str, group: str, within: float) -> bool:
         await admin.close()
 
 
-async def _dead_letter_reasons(bootstrap: str, topic: str) -> dict[str, int]:
-    """How many dead letters ``topic`` holds, by their ``reason`` header."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, request_timeout_ms=10_000, auto_offset_reset="earliest"
-    )
-    await consumer.start()
-    try:
-        if topic not in await consumer.topics():  # no dead letter ever (it is made on first use)
-            return {}
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        if not tps:
-            return {}
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        out: dict[str, int] = {}
-
-        async def unread() -> bool:
-            return any([await consumer.position(tp) < ends[tp] for tp in tps])
-
-        while await unread():
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                for record in records:
-                    reason = dict(record.headers).get("reason", b"?").decode()
-                    out[reason] = out.get(reason, 0) + 1
-        return out
-    finally:
-        await consumer.stop()
+def _reasons(letters: list[ConsumerRecord[bytes, bytes]]) -> dict[str, int]:
+    """How many of ``letters`` (dead letters) there are, by their ``reason`` header."""
+    return dict(Counter(dict(r.headers).get("reason", b"?").decode() for r in letters))
 
 
 async def _delete_topics(bootstrap: str, topics: Topics) -> None:
@@ -312,12 +313,12 @@ def _leftovers(marker: str) -> dict[int, str]:
     return found
 
 
-async def _plant(bootstrap: str, topic: str, record: dict[str, Any]) -> None:
-    """One record in ``topic`` (keyed by its member), as a processor would write it."""
+async def _send(bootstrap: str, topic: str, value: bytes, key: bytes) -> None:
+    """One record in ``topic``, written as is (a planted member record, a poison event)."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
     await producer.start()
     try:
-        await producer.send_and_wait(topic, orjson.dumps(record), key=b"future")
+        await producer.send_and_wait(topic, value, key=key)
     finally:
         await producer.stop()
 
@@ -392,18 +393,40 @@ async def _read_until(
         await consumer.stop()
 
 
+def _rekeyed(line: bytes, task: int, rollout: int) -> bytes:
+    """A collection row (input or rollout) under another (task, rollout) key."""
+    body = orjson.loads(line)
+    body["_ng_task_index"], body["_ng_rollout_index"] = task, rollout
+    return orjson.dumps(body) + b"\n"
+
+
+def _reward_flipped(line: bytes) -> bytes:
+    """A rollout row with other content under the same key: its reward flipped (1 - r)."""
+    body = orjson.loads(line)
+    body["reward"] = 1.0 - float(body["reward"])
+    return orjson.dumps(body) + b"\n"
+
+
+def _wire_rollouts(rows: list[bytes], run_id: str, folder: Path) -> list[tuple[EventKind, bytes]]:
+    """Rollout rows as the publisher encodes them (through a file, as it reads them)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{STEM}.jsonl"
+    path.write_bytes(b"".join(rows))
+    return [(e.kind, e.value) for e in rollout_events(path, run_id)]
+
+
 class Publisher:
     """``rewardstream publish`` as a child in its own process group: it forks encoders, and a
     kill of the publisher takes them with it, as a ``kill -9`` of a job would."""
 
     def __init__(self, trial: Trial, follow: bool) -> None:
         cmd = [sys.executable, "-m", "rewardstream.cli", "publish", "--quiet"]
-        cmd += ["--inputs", str(trial.inputs), "--bootstrap", trial.bootstrap]
+        cmd += ["--inputs", str(trial.sent_inputs), "--bootstrap", trial.bootstrap]
         cmd += ["--topic-prefix", trial.prefix, "--run-id", trial.run_id]
         if follow:
             cmd += ["--rollouts", str(trial.live), "--follow"]  # finishes once all are sent
         else:
-            cmd += ["--rollouts", str(trial.rollouts)]
+            cmd += ["--rollouts", str(trial.sent_rollouts)]
         with (trial.work / "publisher.log").open("ab") as err:
             self.proc = subprocess.Popen(
                 cmd, stdout=subprocess.DEVNULL, stderr=err, process_group=0
@@ -466,7 +489,15 @@ class Feeder:
 class Trial:
     """One seeded trial: its collection, topics, child processes and findings."""
 
-    def __init__(self, fault: str, seed: int, bootstrap: str, work: Path, sizes: Sizes) -> None:
+    def __init__(
+        self,
+        fault: str,
+        seed: int,
+        bootstrap: str,
+        work: Path,
+        sizes: Sizes,
+        plant: str | None = None,
+    ) -> None:
         self.fault, self.seed, self.bootstrap, self.work, self.sizes = (
             fault,
             seed,
@@ -474,6 +505,7 @@ class Trial:
             work,
             sizes,
         )
+        self.plant = plant
         self.rng = random.Random(f"{fault}/{seed}")
         self.tasks = self.rng.randint(*sizes.tasks)
         self.repeats = self.rng.randint(*sizes.repeats)
@@ -486,6 +518,8 @@ class Trial:
         self.inputs = work / "data" / f"{STEM}_materialized_inputs.jsonl"
         self.rollouts = work / "data" / f"{STEM}.jsonl"
         self.live = work / "live" / f"{STEM}.jsonl"
+        # what the publisher sends: the collection, unless a plant changed it (see PLANTS)
+        self.sent_inputs, self.sent_rollouts = self.inputs, self.rollouts
         self.partitions = PARTITIONS
         self.replication = 1  # of the data topics (3 on a three-broker cluster)
         self.groups = [self.group]  # the groups profiling the run (two-groups: two)
@@ -501,6 +535,9 @@ class Trial:
         self.publishers: list[Publisher] = []
         self.feeder: Feeder | None = None
         self.recoveries: list[float] = []
+        self.snapshot_s: list[float] = []  # every snapshot's wall time, answered or refused
+        self.expected_letters: dict[str, int] = {}  # dead letters the fault must produce
+        self.wrong_files = 0  # final profile files (per group) not equal to batch
         self.errors: list[str] = []
         self.detail: dict[str, Any] = {}
 
@@ -519,10 +556,41 @@ class Trial:
             quiet=True,
         )
         run_profile(config)
+        if self.plant in ("lost", "double", "wrong-byte"):
+            self.plant_in_files()
         self.live.parent.mkdir(parents=True)
         self.live.touch()
         asyncio.run(make_topics(self.bootstrap, self.topics, partitions, self.replication))
         self.detail |= {"tasks": self.tasks, "repeats": self.repeats, "partitions": partitions}
+
+    def plant_in_files(self) -> None:
+        """The files the publisher sends, changed by the plant from the collection (which
+        stays the reference): one key's input row and rollout withheld (``lost``), one key
+        added to a task (``double``), or one rollout's reward flipped (``wrong-byte``)."""
+        inputs = self.inputs.read_bytes().splitlines(keepends=True)
+        rollouts = self.rollouts.read_bytes().splitlines(keepends=True)
+        row = orjson.loads(rollouts[0])
+        key = (row["_ng_task_index"], row["_ng_rollout_index"])
+
+        def is_key(line: bytes) -> bool:
+            body = orjson.loads(line)
+            return (body["_ng_task_index"], body["_ng_rollout_index"]) == key
+
+        if self.plant == "lost":
+            inputs = [line for line in inputs if not is_key(line)]
+            rollouts = rollouts[1:]
+        elif self.plant == "double":
+            extra = self.repeats  # a rollout index the task does not have
+            inputs.append(_rekeyed(next(x for x in inputs if is_key(x)), key[0], extra))
+            rollouts.append(_rekeyed(rollouts[0], key[0], extra))
+        else:
+            rollouts[0] = _reward_flipped(rollouts[0])
+        sent = self.work / "sent"
+        sent.mkdir()
+        self.sent_inputs, self.sent_rollouts = sent / self.inputs.name, sent / self.rollouts.name
+        self.sent_inputs.write_bytes(b"".join(inputs))
+        self.sent_rollouts.write_bytes(b"".join(rollouts))
+        self.detail["plant"] = self.plant
 
     def units(self) -> dict[str, TopicPartition]:
         """Every data partition by the processor's unit name for it."""
@@ -575,7 +643,7 @@ class Trial:
 
     def start_feed(self) -> Publisher:
         """The growing rollouts file, written over ``feed_s``, and a publisher following it."""
-        self.feeder = Feeder(self.rollouts, self.live)
+        self.feeder = Feeder(self.sent_rollouts, self.live)
         self.feeder.feed(1.0, self.feed_s)
         return self.start_publisher(follow=True)
 
@@ -720,7 +788,7 @@ class Trial:
         kills = self.sizes.kills
         bounds = [0.9 * (i + 1) / kills for i in range(kills)]
         seconds = self.feed_s / kills
-        feeder = self.feeder = Feeder(self.rollouts, self.live)
+        feeder = self.feeder = Feeder(self.sent_rollouts, self.live)
         publisher = self.start_publisher(follow=True)
         feeder.feed(bounds[0], seconds)
         target = self.published(feeder)
@@ -999,7 +1067,7 @@ class Trial:
             self.start_processor()
         self.wait_owned()
         losses = self.rng.choice([1, 2]) if self.sizes.kills > 1 else 1
-        feeder = self.feeder = Feeder(self.rollouts, self.live)
+        feeder = self.feeder = Feeder(self.sent_rollouts, self.live)
         publisher = self.start_publisher(follow=True)
         victims = []
         for i in range(losses):
@@ -1031,7 +1099,7 @@ class Trial:
         for _ in range(size):
             self.start_processor()
         self.wait_owned()
-        feeder = self.feeder = Feeder(self.rollouts, self.live)
+        feeder = self.feeder = Feeder(self.sent_rollouts, self.live)
         publisher = self.start_publisher(follow=True)
         feeder.feed(self.rng.uniform(0.3, 0.7), self.feed_s * 0.5)
         time.sleep(self.rng.uniform(0.1, 0.5) * self.feed_s)
@@ -1081,7 +1149,7 @@ class Trial:
         self.prepare()
         first = self.start_processor()
         self.wait_owned()
-        feeder = self.feeder = Feeder(self.rollouts, self.live)
+        feeder = self.feeder = Feeder(self.sent_rollouts, self.live)
         publisher = self.start_publisher(follow=True)
         feeder.feed(self.rng.uniform(0.2, 0.4), self.feed_s * 0.3)
         time.sleep(self.rng.uniform(0.1, 0.3) * self.feed_s)
@@ -1148,7 +1216,7 @@ class Trial:
         for group in self.groups:
             with self.looking_at(group):
                 self.wait_owned()
-        feeder = self.feeder = Feeder(self.rollouts, self.live)
+        feeder = self.feeder = Feeder(self.sent_rollouts, self.live)
         publisher = self.start_publisher(follow=True)
         feeder.feed(self.rng.uniform(0.3, 0.7), self.feed_s * 0.5)
         time.sleep(self.rng.uniform(0.1, 0.5) * self.feed_s)
@@ -1189,7 +1257,7 @@ class Trial:
         }
         engine = EngineTopics.of(topics)
         asyncio.run(ensure_topics(self.bootstrap, KafkaSecurity.from_env(), engine))
-        asyncio.run(_plant(self.bootstrap, engine.members, newer))
+        asyncio.run(_send(self.bootstrap, engine.members, orjson.dumps(newer), b"future"))
         log = self.work / "older.log"
         kept = self.work / "hosts" / "older" / "kept"  # inspected once it has exited
         older = Processor(
@@ -1240,6 +1308,283 @@ class Trial:
             )
         self.until(lambda: publisher.proc.poll() is not None, "the publisher")
 
+    # -- the fault kinds of issue 24: what the product must do is spelled out --------------
+    def start_group(self, sizes: list[int]) -> int:
+        """The collection and topics, then one of ``sizes`` members, once they own every
+        partition; returns how many."""
+        size = self.rng.choice(sizes)
+        self.prepare()
+        for _ in range(size):
+            self.start_processor()
+        self.wait_owned()
+        return size
+
+    def feed_part(self, low: float, high: float) -> tuple[Feeder, Publisher]:
+        """A following publisher, once a share (``low``-``high``) of the rollouts is fed and
+        published."""
+        feeder = self.feeder = Feeder(self.sent_rollouts, self.live)
+        publisher = self.start_publisher(follow=True)
+        feeder.feed(self.rng.uniform(low, high), self.feed_s * 0.5)
+        self.published(feeder)
+        return feeder, publisher
+
+    def baseline_trial(self) -> None:
+        """No fault: the collection fed and published to one processor. The control of the
+        sweep, and, with a plant (:data:`PLANTS`), the harness's self-test."""
+        self.prepare()
+        self.start_processor()
+        self.wait_owned()
+        publisher = self.start_feed()
+        if self.plant == "dead-letter":
+            self.publishing()
+            poison = (self.bootstrap, self.topics.rollouts, b"not json", task_key(0))
+            asyncio.run(_send(*poison))
+            self.detail["plant"] = self.plant
+        self.until(lambda: publisher.proc.poll() is not None, "the publisher")
+
+    def conflict_trial(self) -> None:
+        """Conflicting re-publish: 1-5 rollouts already published sent again under their key
+        with other content (the reward flipped) while the run is open. Expected: exactly that
+        many ``conflict`` dead letters, and the final equal to batch on the original content
+        (the reference is the collection as first published)."""
+        size = self.start_group([1, 2])
+        feeder, publisher = self.feed_part(0.3, 0.7)
+        rows = self.sent_rollouts.read_bytes().splitlines(keepends=True)
+        chosen = self.rng.sample(range(feeder.lines), self.rng.randint(1, 5))
+        changed = [_reward_flipped(rows[i]) for i in chosen]
+        events = _wire_rollouts(changed, self.run_id, self.work / "conflicts")
+        send_events(self.bootstrap, self.topics, events, self.run_id)
+        self.expected_letters = {"conflict": len(chosen)}
+        self.detail |= {"processors": size, "conflicts": len(chosen)}
+        feeder.feed(1.0, self.feed_s * 0.5)
+        self.until(lambda: publisher.proc.poll() is not None, "the publisher")
+
+    def foreign_keys_trial(self) -> None:
+        """Rollouts whose (task, rollout) key is in no input row (another rollout index of a
+        task, or a task the inputs lack), sent among the real rollouts or after the last of
+        them (before ``run_finished``). Expected: one ``unknown-key`` dead letter each, and
+        the final equal to batch on the collection."""
+        size = self.start_group([1, 2])
+        rows = self.sent_rollouts.read_bytes().splitlines(keepends=True)
+        foreign = []
+        for k in range(self.rng.randint(1, 4)):
+            row = self.rng.choice(rows)
+            if k % 2:  # a task the inputs lack
+                foreign.append(_rekeyed(row, self.tasks + k, 0))
+            else:  # a rollout index its task lacks
+                foreign.append(_rekeyed(row, orjson.loads(row)["_ng_task_index"], self.repeats + k))
+        strange = _wire_rollouts(foreign, self.run_id, self.work / "foreign")
+        events = file_events(self.sent_inputs, self.sent_rollouts, self.run_id, STEM, True)
+        finished, started = events.pop(), events.pop()
+        events.insert(0, started)
+        after = self.rng.random() < 0.5  # after the last real rollout
+        if not after:
+            first_rollout = 1 + self.expected  # RunStarted, then the input rows
+            for event in strange:
+                events.insert(self.rng.randint(first_rollout, len(events) - 1), event)
+        send_events(self.bootstrap, self.topics, events, self.run_id)
+        if after:
+            send_events(self.bootstrap, self.topics, strange, self.run_id)
+        send_events(self.bootstrap, self.topics, [finished], self.run_id)
+        self.expected_letters = {"unknown-key": len(strange)}
+        self.detail |= {"processors": size, "foreign": len(strange), "after_last": after}
+
+    def frozen_peer_trial(self) -> None:
+        """A member frozen (SIGSTOP) while a snapshot is asked of another: the snapshot must
+        answer within :data:`SNAPSHOT_BOUND_S`, either whole (equal to the batch profile of
+        its offsets) or HTTP 503 naming the frozen member's partitions."""
+        size = self.start_group([2, 3])
+        publisher = self.start_feed()
+        self.publishing()
+        time.sleep(self.rng.uniform(0.1, 0.4) * self.feed_s)
+        members = self.live_members()
+        victim = self.rng.choice(members)
+        asked = self.rng.choice([m for m in members if m is not victim])
+        held = sorted(victim.units())
+        self.detail |= {"processors": size, "frozen_units": held}
+        self.frozen.add(victim.proc.pid)
+        victim.proc.send_signal(signal.SIGSTOP)
+        try:
+            self.bounded_snapshot(asked, "frozen-peer", held)
+        finally:
+            victim.proc.send_signal(signal.SIGCONT)
+            self.frozen.discard(victim.proc.pid)
+        self.until(lambda: publisher.proc.poll() is not None, "the publisher")
+
+    def snapshot_storm_trial(self) -> None:
+        """A processor holding idle connections (some with a request half sent) while a storm
+        of snapshot requests comes in: each must answer within :data:`SNAPSHOT_BOUND_S` with
+        200, 429 (with ``Retry-After``) or 503, ``/healthz`` within :data:`HEALTHZ_BOUND_S`
+        throughout, and a snapshot after the storm must equal the batch profile."""
+        size = self.start_group([1, 2])
+        publisher = self.start_feed()
+        self.publishing()
+        time.sleep(self.rng.uniform(0.1, 0.4) * self.feed_s)
+        asked = self.rng.choice(self.live_members())
+        idle, storm = self.rng.randint(20, 100), self.rng.randint(6, 16)
+        with contextlib.ExitStack() as stack:
+            for i in range(idle):
+                sock = stack.enter_context(socket.create_connection(("127.0.0.1", asked.port)))
+                if i % 2:  # a request begun and never finished
+                    sock.sendall(b"POST /runs/" + self.run_id.encode() + b"/snapshot HTTP/1.1\r\n")
+            answers, health = self.storm(asked, storm)
+            self.bounded_snapshot(asked, "after-storm", [])
+        codes = Counter(str(a[0]) for a in answers)
+        self.detail |= {
+            "processors": size,
+            "storm": {"requests": storm, "idle": idle, "answers": dict(codes)},
+            "healthz_max_s": round(max(health, default=0.0), 2),
+        }
+        odd = Counter(str(code) for code, _, _ in answers if code not in (200, 429, 503))
+        slow = [took for _, took, _ in answers if took > SNAPSHOT_BOUND_S]
+        bare = sum(1 for code, _, retry in answers if code == 429 and not retry)
+        if odd:
+            self.errors.append(f"storm: answers other than 200, 429, 503: {dict(odd)}")
+        if slow:
+            self.errors.append(
+                f"storm: {len(slow)} of {storm} snapshots over {SNAPSHOT_BOUND_S} s "
+                f"(the longest {max(slow):.1f} s)"
+            )
+        if bare:
+            self.errors.append(f"storm: {bare} answers 429 without Retry-After")
+        if max(health, default=0.0) > HEALTHZ_BOUND_S:
+            self.errors.append(f"storm: /healthz took {max(health):.1f} s")
+        self.until(lambda: publisher.proc.poll() is not None, "the publisher")
+
+    def storm(
+        self, member: Processor, n: int
+    ) -> tuple[list[tuple[int | str, float, str | None]], list[float]]:
+        """``n`` snapshot requests to ``member`` at once, each read to its end: per request
+        its status (or why it got none), seconds, and ``Retry-After``; and the seconds of each
+        ``/healthz`` asked meanwhile, one at a time."""
+        url = f"{member.url}/runs/{self.run_id}/snapshot"
+        answers: list[tuple[int | str, float, str | None]] = []
+        health: list[float] = []
+        done = threading.Event()
+
+        def ask() -> None:
+            began, retry = time.monotonic(), None
+            code: int | str
+            try:
+                request = urllib.request.Request(url, method="POST")
+                with urllib.request.urlopen(request, timeout=3 * SNAPSHOT_BOUND_S) as r:
+                    r.read()
+                    code = r.status
+            except urllib.error.HTTPError as exc:
+                code, retry = exc.code, exc.headers.get("Retry-After")
+            except OSError as exc:
+                code = f"no answer ({exc!r})"[:120]
+            took = time.monotonic() - began
+            self.snapshot_s.append(took)
+            answers.append((code, took, retry))
+
+        def healthz() -> None:
+            while not done.is_set():
+                began = time.monotonic()
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(f"{member.url}/healthz", timeout=30).close()
+                health.append(time.monotonic() - began)
+                done.wait(0.2)
+
+        threads = [threading.Thread(target=ask, daemon=True) for _ in range(n)]
+        watcher = threading.Thread(target=healthz, daemon=True)
+        watcher.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(5 * SNAPSHOT_BOUND_S)
+        done.set()
+        watcher.join(60)
+        return answers, health
+
+    def bounded_snapshot(self, member: Processor, label: str, missing: list[str]) -> None:
+        """``rewardstream snapshot`` from ``member`` must answer within
+        :data:`SNAPSHOT_BOUND_S`: whole and equal to the batch profile of its offsets, or
+        refused with HTTP 503 naming each unit of ``missing`` (a frozen peer's)."""
+        final_before = self.has_final()
+        snap = self.work / f"snapshot-{label}"
+        shots = self.detail.setdefault("snapshots", {})
+        began = time.monotonic()
+        try:
+            done = self.snapshot(member, snap, timeout=3 * SNAPSHOT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            self.errors.append(f"snapshot {label}: no answer in {3 * SNAPSHOT_BOUND_S:.0f} s")
+            shots[label] = "no answer"
+            return
+        took = time.monotonic() - began
+        if took > SNAPSHOT_BOUND_S:
+            self.errors.append(f"snapshot {label} took {took:.1f} s (bound {SNAPSHOT_BOUND_S})")
+        if done.returncode == 0 or "HTTP 503" not in done.stderr:
+            self.judge_snapshot(done, snap, label, final_before)
+            return
+        units = self.units()
+        unnamed = [
+            u
+            for u in missing
+            if not any(
+                name in done.stderr
+                for name in (
+                    u,
+                    f"{units[u].topic}:{units[u].partition}",
+                    f"{units[u].topic}-{units[u].partition}",
+                )
+            )
+        ]
+        shots[label] = {"refused": 503, "s": round(took, 2), "unnamed": unnamed}
+        if unnamed or not missing:
+            why = done.stderr.strip()[-300:]
+            self.errors.append(f"snapshot {label}: 503 not naming the partitions {unnamed}: {why}")
+
+    def member_churn_trial(self) -> None:
+        """Members joining and leaving around the final: when ``run_finished`` has gone out,
+        or just after the final record, one member joins and one leaves (SIGTERM), sometimes
+        one more is killed; every member that reports the run must report it final with
+        every rollout within :data:`ONE_TRUTH_S` of its final record."""
+        size = self.start_group([2, 3])
+        feeder, publisher = self.feed_part(0.5, 0.8)
+        feeder.feed(1.0, self.feed_s * 0.3)
+        when = self.rng.choice(["run-finished", "final"])
+        self.until(lambda: publisher.proc.poll() is not None, "the publisher")
+        if when == "final":
+            self.until(self.has_final, "the final profile")
+        leaving = self.rng.choice(self.live_members())
+        self.start_processor()
+        self.killed.add(leaving.proc.pid)
+        leaving.proc.send_signal(signal.SIGTERM)
+        killed = None
+        if self.rng.random() < 0.3 and len(self.live_members()) > 2:
+            victim = self.rng.choice([m for m in self.live_members() if m is not leaving])
+            self.kill_processor(victim)
+            killed = "member"
+        if leaving.proc.wait(60) != 0:
+            self.errors.append(f"member-churn: a leaving member exited {leaving.proc.returncode}")
+        self.detail |= {"processors": size, "churn_at": when, "killed": killed}
+        self.one_truth()
+        self.wait_owned()  # the newcomer up (a SIGTERM while it starts is no finding)
+
+    def one_truth(self) -> None:
+        """Within :data:`ONE_TRUTH_S` of the run's final record, every live member that reports
+        the run reports it ``final`` with every rollout and input (and one at least does)."""
+        self.until(self.has_final, "the final profile")
+        since = time.monotonic()
+        while True:
+            views = {p.proc.pid: p.runs().get(self.run_id) for p in self.live_members()}
+            known = {pid: v for pid, v in views.items() if v}
+            wrong = {
+                pid: (v.get("state"), v.get("rollouts"), v.get("inputs"))
+                for pid, v in known.items()
+                if (v.get("state"), v.get("rollouts"), v.get("inputs"))
+                != ("final", self.expected, self.expected)
+            }
+            if known and not wrong:
+                break
+            if time.monotonic() - since > ONE_TRUTH_S:
+                self.errors.append(f"members disagree on the final run {ONE_TRUTH_S} s on: {wrong}")
+                break
+            self.check_alive()
+            time.sleep(POLL)
+        self.detail["one_truth"] = {"members": len(views), "knowing": len(known)}
+
     # -- snapshots -----------------------------------------------------------------------------
     def check_offsets_snapshot(self, member: Processor, label: str) -> bool:
         """A snapshot of the run from ``member`` equals ``ng_reward_profile
@@ -1247,7 +1592,17 @@ class Trial:
         ``rewardstream snapshot`` prints), or, for a run already final, the final profile."""
         final_before = self.has_final()
         snap = self.work / f"snapshot-{label}"
-        done = self.snapshot(member, snap)
+        return self.judge_snapshot(self.snapshot(member, snap), snap, label, final_before)
+
+    def judge_snapshot(
+        self,
+        done: subprocess.CompletedProcess[str],
+        snap: Path,
+        label: str,
+        final_before: bool,
+    ) -> bool:
+        """A snapshot's answer ``done`` (its files in ``snap``) against the batch profile of
+        the offsets it reports (or the final one, if the run was final before it was asked)."""
         shots = self.detail.setdefault("snapshots", {})
         if done.returncode != 0:
             self.errors.append(f"snapshot {label} failed: {done.stderr.strip()[-300:]}")
@@ -1323,11 +1678,18 @@ class Trial:
             )
         )
 
-    def snapshot(self, member: Processor, out: Path) -> subprocess.CompletedProcess[str]:
-        """``rewardstream snapshot`` of the run from ``member`` into ``out``."""
+    def snapshot(
+        self, member: Processor, out: Path, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """``rewardstream snapshot`` of the run from ``member`` into ``out``, timed (raises
+        ``subprocess.TimeoutExpired`` after ``timeout`` seconds)."""
         cmd = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--url", member.url]
         cmd += ["--run-id", self.run_id, "--out", str(out)]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        began = time.monotonic()
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        finally:
+            self.snapshot_s.append(time.monotonic() - began)
 
     def check_snapshot(self, member: Processor, sent: list[int]) -> bool:
         """``member``'s snapshot equals ``ng_reward_profile ++allow_partial_rollouts=True`` on
@@ -1383,10 +1745,13 @@ class Trial:
                     self.detail[f"group {group}"] = found
         finally:
             self.group = first
-        dead = asyncio.run(_dead_letter_reasons(self.bootstrap, self.topics.dead_letters))
+        dead = _reasons(self.dead_letters())
         self.detail["dead_letters"] = dead
-        if set(dead) - {"run-final"}:  # late events of the finished run are the only ones
-            self.errors.append(f"dead letters: {dead}")
+        # late events of the finished run (run-final) are expected, and what the fault must
+        # produce, exactly, once per group; any other dead letter is a finding
+        want = {r: n * len(self.groups) for r, n in self.expected_letters.items()}
+        if {r: n for r, n in dead.items() if r != "run-final"} != want:
+            self.errors.append(f"dead letters: {dead}, expected {want} (and any run-final)")
         late = [
             line
             for line in (self.work / "processors.log").read_text(errors="replace").splitlines()
@@ -1427,7 +1792,9 @@ class Trial:
                 self.errors.append(f"processor exited with {p.proc.returncode} on SIGTERM")
         fetched = self.work / f"final-{self.group}"  # as any host reads it: from Kafka
         self.profiles_get(fetched)
-        equal = self.equal_to_batch(fetched)
+        wrong = self.differing(fetched)
+        self.wrong_files += len(wrong)
+        equal = not wrong
         per_task = {
             row["_ng_task_index"]: row["num_rollouts"]
             for row in map(
@@ -1517,13 +1884,18 @@ class Trial:
 
         return asyncio.run(count())
 
+    def differing(self, folder: Path) -> list[str]:
+        """Which of ``folder``'s three profile files differ from the batch ones."""
+        batch = self.inputs.parent
+        return [
+            s
+            for s in OUTPUT_SUFFIXES
+            if (folder / f"{STEM}{s}").read_bytes() != (batch / f"{STEM}{s}").read_bytes()
+        ]
+
     def equal_to_batch(self, folder: Path) -> bool:
         """``folder``'s three profile files equal the batch ones, byte for byte."""
-        batch = self.inputs.parent
-        return all(
-            (folder / f"{STEM}{s}").read_bytes() == (batch / f"{STEM}{s}").read_bytes()
-            for s in OUTPUT_SUFFIXES
-        )
+        return not self.differing(folder)
 
     def by_unit(self) -> dict[str, int]:
         """The collection's events by the unit they are published to (the publisher's
@@ -1539,15 +1911,33 @@ class Trial:
             out[f"{kind}-{partition}"] += 1
         return out
 
+    def dead_letters(self) -> list[ConsumerRecord[bytes, bytes]]:
+        """Every dead letter in the trial's topic now (every partition, to its end)."""
+        return asyncio.run(read_topic(self.bootstrap, self.topics.dead_letters))
+
+    def parked(self) -> dict[str, set[int]]:
+        """The data offsets parked as dead letters (their ``source`` header), by unit."""
+        unit_of = {(tp.topic, tp.partition): name for name, tp in self.units().items()}
+        out: dict[str, set[int]] = {}
+        for letter in self.dead_letters():
+            topic, _, rest = dict(letter.headers).get("source", b"").decode().partition(":")
+            partition, _, offset = rest.partition(":")
+            name = unit_of.get((topic, int(partition))) if partition.isdigit() else None
+            if name is not None and offset.isdigit():
+                out.setdefault(name, set()).add(int(offset))
+        return out
+
     def audit(self, final: FinalRecord) -> dict[str, int]:
         """The final record against the collection, with no shared folder: every input row
         and rollout held once, in all and in the unit it was published to; and every offset
-        of a unit before the record's cut counted once (as new or as a duplicate), the cut
-        being where the unit's processor stood when its part was taken."""
+        of a unit before the record's cut counted once (as new, as a duplicate, or parked as
+        a dead letter), the cut being where the unit's processor stood when its part was
+        taken."""
         out = dict.fromkeys(("uncounted", "counted_twice", "lost", "double_counted"), 0)
         out["duplicates"] = sum(u.duplicates for u in final.units.values())
         if final.state != "final" or final.partial:
             self.errors.append(f"final record: state {final.state}, partial {final.partial}")
+        parked = self.parked()
         for name, want in self.by_unit().items():
             unit = final.units.get(name)
             held = (unit.inputs if name.startswith("input") else unit.rollouts) if unit else 0
@@ -1555,7 +1945,8 @@ class Trial:
             out["lost"] += max(0, want - held)
             out["double_counted"] += max(0, held - want) + other
             if unit is not None:
-                counted = unit.inputs + unit.rollouts + unit.duplicates
+                letters = sum(1 for offset in parked.get(name, ()) if offset < unit.cut)
+                counted = unit.inputs + unit.rollouts + unit.duplicates + letters
                 out["uncounted"] += max(0, unit.cut - counted)
                 out["counted_twice"] += max(0, counted - unit.cut)
         for what, n in (("inputs", final.inputs), ("rollouts", final.rollouts)):
@@ -1602,10 +1993,18 @@ class Trial:
 
 
 def run_trial(
-    fault: str, seed: int, bootstrap: str | None, work: Path, sizes: Sizes = DEFAULT
+    fault: str,
+    seed: int,
+    bootstrap: str | None,
+    work: Path,
+    sizes: Sizes = DEFAULT,
+    plant: str | None = None,
 ) -> Result:
     """One trial of ``fault`` in ``work`` (a fresh folder). ``broker-restart`` starts its own
-    broker, ``broker-kill`` its own three-broker cluster; the others need ``bootstrap``."""
+    broker, ``broker-kill`` its own three-broker cluster; the others need ``bootstrap``.
+    ``plant`` (``baseline`` only, one of :data:`PLANTS`): a finding the trial must report."""
+    if plant is not None and (fault != "baseline" or plant not in PLANTS):
+        raise ValueError(f"plant {plant!r}: one of {PLANTS}, in a baseline trial only")
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
         broker = cluster = None
@@ -1616,7 +2015,7 @@ def run_trial(
             cluster = stack.enter_context(LocalCluster(brokers=3))
             bootstrap = cluster.bootstrap
         assert bootstrap is not None, f"{fault} needs a broker"
-        trial = Trial(fault, seed, bootstrap, work, sizes)
+        trial = Trial(fault, seed, bootstrap, work, sizes, plant)
         if cluster is not None:
             trial.replication = 3
         lost: int | None = None
@@ -1636,6 +2035,9 @@ def run_trial(
         finally:
             trial.cleanup()
         trial.publisher_errors()
+        trial.detail["wrong_files"] = trial.wrong_files
+        if trial.snapshot_s:
+            trial.detail["max_snapshot_s"] = round(max(trial.snapshot_s), 2)
         if trial.errors:
             trial.detail["errors"] = trial.errors
         recovery = max(trial.recoveries) if trial.recoveries else None
@@ -1645,24 +2047,31 @@ def run_trial(
 
 
 def summary(results: list[Result]) -> str:
-    """The table of RELIABILITY.md: per fault, trials, lost, double-counted, max recovery."""
+    """The table of RELIABILITY.md, per fault: trials, rollouts, lost, double-counted, wrong
+    bytes (final profile files, per group, not equal to batch), max recovery, max snapshot
+    latency, snapshots equal to batch, and the seeds of trials with a finding."""
     lines = [
-        "| fault | trials | rollouts | lost | double-counted | max recovery (s) "
-        "| all equal to batch | snapshots equal to batch | failed trials |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| fault | trials | rollouts | lost | double-counted | wrong bytes (files) "
+        "| max recovery (s) | max snapshot latency (s) | snapshots equal to batch "
+        "| trials with a finding |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def worst(values: list[float]) -> str:
+        return f"{max(values):.1f}" if values else "-"
+
     for fault in FAULTS:
         rs = [r for r in results if r.fault == fault]
         if not rs:
             continue
-        recoveries = [r.recovery_s for r in rs if r.recovery_s is not None]
-        worst = f"{max(recoveries):.1f}" if recoveries else "-"
+        recovery = worst([r.recovery_s for r in rs if r.recovery_s is not None])
+        latency = worst([r.detail["max_snapshot_s"] for r in rs if "max_snapshot_s" in r.detail])
         failed = ", ".join(str(r.seed) for r in rs if not r.ok) or "none"
         shots = [
             x["equal"]
             for r in rs
             for x in r.detail.get("snapshots", {}).values()
-            if isinstance(x, dict)
+            if isinstance(x, dict) and "equal" in x
         ]
         shots += [
             r.detail["snapshot_equal_to_batch"] for r in rs if "snapshot_equal_to_batch" in r.detail
@@ -1671,11 +2080,14 @@ def summary(results: list[Result]) -> str:
             1 for r in rs for x in r.detail.get("snapshots", {}).values() if not isinstance(x, dict)
         )
         snapshots = f"{sum(shots)} of {len(shots) + failed_shots}" if shots or failed_shots else "-"
+        lost = "?" if any(r.lost is None for r in rs) else ""
+        double = "?" if any(r.double_counted is None for r in rs) else ""
         lines.append(
             f"| {fault} | {len(rs)} | {sum(r.rollouts for r in rs):,} | "
-            f"{sum(r.lost or 0 for r in rs)} | {sum(r.double_counted or 0 for r in rs)} | "
-            f"{worst} | {'yes' if all(r.equal_to_batch for r in rs) else 'no'} | {snapshots} "
-            f"| {failed} |"
+            f"{sum(r.lost or 0 for r in rs)}{lost} | "
+            f"{sum(r.double_counted or 0 for r in rs)}{double} | "
+            f"{sum(int(r.detail.get('wrong_files', 0)) for r in rs)} | {recovery} | {latency} "
+            f"| {snapshots} | {failed} |"
         )
     kills = [k for r in results for k in r.detail.get("kills", ())]
     if kills:
@@ -1684,6 +2096,9 @@ def summary(results: list[Result]) -> str:
             for m in (*KILL_MODES, "final")
         )
         lines.append(f"\nkill-processor kills that landed where aimed: {landed}")
+    cut = [f"{r.fault} {r.seed}" for r in results if r.lost is None]
+    if cut:
+        lines.append(f"\ncut short before they could count (a ? above): {', '.join(cut)}")
     return "\n".join(lines)
 
 
@@ -1725,7 +2140,12 @@ def main() -> None:
         "--keep", type=Path, default=Path("bench/out/chaos"), help="failed trials' folders"
     )
     ap.add_argument("--fast", action="store_true", help="the small trials of the test suite")
+    ap.add_argument(
+        "--plant", choices=PLANTS, default=None, help="a finding to plant (--fault baseline only)"
+    )
     a = ap.parse_args()
+    if a.plant is not None and a.fault != ["baseline"]:
+        ap.error("--plant needs --fault baseline (and no other kind)")
     # the trial's own clients retry while a broker is down: their log lines are no findings
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     faults = FAULTS if not a.fault or "all" in a.fault else tuple(a.fault)
@@ -1742,7 +2162,7 @@ def main() -> None:
                     bootstrap = stack.enter_context(LocalBroker()).bootstrap
                 for seed in range(a.seed, a.seed + a.trials):
                     work = root / f"{fault}-{seed}"
-                    result = run_trial(fault, seed, bootstrap, work, sizes)
+                    result = run_trial(fault, seed, bootstrap, work, sizes, a.plant)
                     print(result.line(), flush=True)
                     results.append(result)
                     if not result.ok:

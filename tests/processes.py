@@ -14,14 +14,22 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rewardstream.contract import Topics, task_key
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.pipeline import EventKind
 
-__all__ = ["Processor", "committed", "make_topics", "run_detail", "send_events", "trickle"]
+__all__ = [
+    "Processor",
+    "committed",
+    "make_topics",
+    "read_topic",
+    "run_detail",
+    "send_events",
+    "trickle",
+]
 
 
 async def make_topics(
@@ -42,6 +50,48 @@ async def make_topics(
             ]
         )
     finally:
+        await admin.close()
+
+
+async def read_topic(
+    bootstrap: str, topic: str, at_least: int = 0, timeout: float = 60.0
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of every partition of ``topic``, up to the end offsets taken before it is
+    read (once they hold ``at_least`` records in all); an absent topic holds none.
+
+    The partitions come from a metadata request made here: a consumer's own metadata may not
+    know a topic created after it started (``partitions_for_topic`` is None then), and a
+    reader trusting it reads nothing and reports an empty topic."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=10_000
+    )
+    await admin.start()
+    await consumer.start()
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                tps: list[TopicPartition] = []
+                if topic in await admin.list_topics():
+                    (desc,) = await admin.describe_topics([topic])
+                    tps = [TopicPartition(topic, p["partition"]) for p in desc["partitions"]]
+                ends = await consumer.end_offsets(tps) if tps else {}
+                if sum(ends.values()) >= at_least:
+                    break
+                await asyncio.sleep(0.05)
+            left = [tp for tp in tps if ends[tp] > 0]
+            out: list[ConsumerRecord[bytes, bytes]] = []
+            if not left:
+                return out
+            consumer.assign(left)
+            await consumer.seek_to_beginning(*left)
+            while left:
+                for tp, records in (await consumer.getmany(*left, timeout_ms=500)).items():
+                    out += [r for r in records if r.offset < ends[tp]]
+                left = [tp for tp in left if await consumer.position(tp) < ends[tp]]
+            return out
+    finally:
+        await consumer.stop()
         await admin.close()
 
 

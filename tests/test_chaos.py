@@ -1,6 +1,9 @@
 """Fast fault-injection trials (``bench/chaos.py``): every fault kind once, on small
 collections, with real processes (each a separate host: a mount namespace and a private disk
-of its own) and a real broker, 4 partitions. The full runs are in RELIABILITY.md."""
+of its own) and a real broker, 4 partitions. The full runs are in RELIABILITY.md.
+
+The harness's self-test comes first: a trial with a planted finding must be reported by the
+sweep's own judge (``run_trial``, then ``summary``), and a clean one must not."""
 
 from __future__ import annotations
 
@@ -9,12 +12,53 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import FAST, run_trial
+from bench.chaos import FAST, PLANTS, Result, run_trial, summary
 
 pytestmark = [
     pytest.mark.kafka,
     pytest.mark.skipif(os.geteuid() != 0, reason="private mounts need root (unshare -m)"),
 ]
+
+
+def _row(result: Result) -> dict[str, str]:
+    """The trial's row of the sweep's table, by column."""
+    head, _, *rows = summary([result]).splitlines()
+    names = [c.strip() for c in head.strip("|").split("|")]
+    (row,) = [r for r in rows if r.startswith(f"| {result.fault} |")]
+    return dict(zip(names, (c.strip() for c in row.strip("|").split("|")), strict=True))
+
+
+def test_a_clean_trial_reports_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
+    result = run_trial("baseline", 0, kafka_bootstrap, tmp_path / "trial", FAST)
+    assert result.ok, result.line()
+    row = _row(result)
+    assert (row["lost"], row["double-counted"], row["wrong bytes (files)"]) == ("0", "0", "0")
+    assert row["trials with a finding"] == "none"
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_the_sweep_reports_a_planted_finding(
+    kafka_bootstrap: str, tmp_path: Path, plant: str
+) -> None:
+    """The processors are fed a collection changed from the trial's reference (a key
+    withheld, a key added, a reward flipped) or a poison event; the sweep's judge must
+    report it, in the trial's line and in the table."""
+    result = run_trial("baseline", 0, kafka_bootstrap, tmp_path / "trial", FAST, plant)
+    assert not result.ok, result.line()
+    row = _row(result)
+    assert row["trials with a finding"] == "0", row
+    if plant == "lost":
+        assert result.lost and int(row["lost"]) > 0 and not result.double_counted, result.line()
+    elif plant == "double":
+        assert result.double_counted and int(row["double-counted"]) > 0, result.line()
+        assert not result.lost, result.line()
+    elif plant == "wrong-byte":
+        assert not result.equal_to_batch and int(row["wrong bytes (files)"]) > 0, result.line()
+        assert result.lost == result.double_counted == 0, result.line()
+    else:  # a poison event: one not-json dead letter, nothing else wrong
+        assert result.detail["dead_letters"] == {"not-json": 1}, result.line()
+        assert any("dead letters" in e for e in result.detail["errors"]), result.line()
+        assert result.equal_to_batch and result.lost == result.double_counted == 0
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from rewardstream.contract import Topics
 from rewardstream.kafka_local import free_port
@@ -32,6 +31,7 @@ from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.run_id import default_run_id
 from rewardstream.sinks.files import write_files
 from tests.gym import NgRun, fast, keys, ng_run, read_jsonl, write_problems
+from tests.processes import read_topic
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = os.makedev(1, 7)  # /dev/full's device number
@@ -226,21 +226,6 @@ def test_file_too_large_mid_collection_is_one_line_not_finished(
 # --------------------------------------------------------------------------- 3. Kafka
 
 
-async def _dead_letters(bootstrap: str, topic: str, count: int) -> list[object]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(topic, 0)])
-        records: list[object] = []
-        async with asyncio.timeout(60):
-            while len(records) < count:
-                for batch in (await consumer.getmany(timeout_ms=1000)).values():
-                    records.extend(batch)
-        return records
-    finally:
-        await consumer.stop()
-
-
 @pytest.mark.kafka
 async def test_an_event_too_large_for_kafka_is_a_dead_letter_not_an_abort(
     servers: NgRun, kafka_bootstrap: str, unique_name: Callable[[str], str], tmp_path: Path
@@ -295,10 +280,10 @@ async def test_an_event_too_large_for_kafka_is_a_dead_letter_not_an_abort(
     profiled = read_jsonl(out.with_name("big_reward_profiling.jsonl"))
     assert sorted(row["_ng_task_index"] for row in profiled) == [0, 1, 3, 4]
     # the dead letters, as the stream processor parks oversized events
-    parked = await _dead_letters(kafka_bootstrap, topics.dead_letters, 2)
+    parked = await read_topic(kafka_bootstrap, topics.dead_letters, at_least=2)
     sources = []
     for record in parked:
-        headers = dict(record.headers)  # type: ignore[attr-defined]
+        headers = dict(record.headers)
         assert headers["reason"] == b"oversized" and headers["kind"] == b"input"
         assert int(headers["size"]) > 3 << 19
         sources.append(headers["source"].decode())

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import orjson
 import pytest
 from aiohttp import ClientSession, web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rewardstream import kafka_local
@@ -51,6 +51,7 @@ from rewardstream.processors.http import MAX_BODY_BYTES
 from rewardstream.sinks.snapshot_wire import MEDIA_TYPE
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 from tests.gym import fast, write_problems
+from tests.processes import read_topic
 from tests.tls import Certs, make_certs
 
 CASE: GoldenCase | None = (
@@ -316,22 +317,7 @@ def _task(raw: bytes) -> int:
 
 
 def _dead_letters(bootstrap: str, topic: str, count: int) -> list[Any]:
-    async def read() -> list[Any]:
-        reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-        await reader.start()
-        try:
-            tp = TopicPartition(topic, 0)
-            reader.assign([tp])
-            records: list[Any] = []
-            async with asyncio.timeout(30):
-                while len(records) < count:
-                    batch = await reader.getmany(tp, timeout_ms=500)
-                    records += batch.get(tp, [])
-            return records
-        finally:
-            await reader.stop()
-
-    return asyncio.run(read())
+    return asyncio.run(read_topic(bootstrap, topic, at_least=count))
 
 
 @pytest.mark.kafka
