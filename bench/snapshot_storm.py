@@ -86,7 +86,7 @@ def _post(host: str, port: int, path: str) -> tuple[int, float]:
 
 
 @contextlib.contextmanager
-def _probing(url: str) -> Iterator[tuple[list[float], list[int]]]:
+def probing(url: str) -> Iterator[tuple[list[float], list[int]]]:
     """``/healthz`` every 50 ms: answered latencies, and a count of probes unanswered in 3 s."""
     answered: list[float] = []
     unanswered = [0]
@@ -118,7 +118,7 @@ def storm(url: str, run_id: str, snapshots: int, idle: int) -> Storm:
     sockets = [socket.create_connection((host, int(port)), timeout=10) for _ in range(idle)]
     try:
         with (
-            _probing(url) as (answered, unanswered),
+            probing(url) as (answered, unanswered),
             concurrent.futures.ThreadPoolExecutor(snapshots) as pool,
         ):
             path = f"/runs/{run_id}/snapshot"
