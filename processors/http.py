@@ -3,18 +3,22 @@
 Binds 127.0.0.1 unless told otherwise. A snapshot covers the whole run: the parts of units
 owned elsewhere are fetched from their owners (``GET /parts/<run_id>``, found through the
 group's member records), then forked children build the profile from the state as it is at
-that moment, so ingestion keeps running while it is taken; the files stream back in the
-response body as they render (the server never writes where a client asks).
+that moment, so ingestion keeps running while it is taken; the response is sent once it is
+whole, with its length (the server never writes where a client asks). A snapshot answers
+within a bound (else 503 naming what did not answer); requests for a run at the same positions
+share one build, and beyond the limits the answer is 429 with ``Retry-After``
+(:class:`rewardstream.processors.snapshot.Snapshots`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import tempfile
 import zipfile
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,16 +33,25 @@ from rewardstream.processors.page import LiveView, add_page, page_response, want
 from rewardstream.processors.partwire import PART_LIST_TYPE, encode_answer
 from rewardstream.processors.pipeline import Pipeline
 from rewardstream.processors.runs import PartView, Run
-from rewardstream.processors.snapshot import SnapshotJob
+from rewardstream.processors.snapshot import (
+    Busy,
+    SnapshotJob,
+    SnapshotLimits,
+    Snapshots,
+    SnapshotUnavailable,
+)
 from rewardstream.sinks.files import ProfilePaths
 from rewardstream.sinks.snapshot_wire import CHUNK, MEDIA_TYPE, SnapshotError, receive
 
-__all__ = ["Peers", "make_app", "serve"]
+__all__ = ["IDLE_TIMEOUT", "Peers", "make_app", "serve"]
 
 log = logging.getLogger(__name__)
 
 
 MAX_BODY_BYTES = 1 << 20
+# seconds a connection may stay idle; above the 15 s its peers' aiohttp clients keep theirs,
+# so that they close first and never send on a connection being closed
+IDLE_TIMEOUT = 30.0
 
 
 class Peers(Protocol):
@@ -47,7 +60,7 @@ class Peers(Protocol):
     def identity(self) -> dict[str, str]: ...
 
     def gather(
-        self, run_id: str, at_least: dict[str, int] | None = None
+        self, run_id: str, at_least: dict[str, int] | None = None, timeout: float = ...
     ) -> Awaitable[tuple[dict[str, PartView], dict[str, int]]]: ...
 
     def final_files(self, run_id: str) -> Awaitable[ProfilePaths]: ...
@@ -63,9 +76,13 @@ async def _bounded_body(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 def make_app(
-    pipeline: Pipeline, registry: CollectorRegistry | None, peers: Peers | None = None
+    pipeline: Pipeline,
+    registry: CollectorRegistry | None,
+    peers: Peers | None = None,
+    limits: SnapshotLimits | None = None,
 ) -> web.Application:
-    """Health, ``/runs``, snapshots and parts of ``pipeline``, the metrics in ``registry``."""
+    """Health, ``/runs``, snapshots and parts of ``pipeline``, the metrics in ``registry``;
+    snapshots bounded by ``limits``."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry) if registry is not None else b""
@@ -106,77 +123,69 @@ def make_app(
         )
         return web.Response(body=body, headers={"Content-Type": PART_LIST_TYPE})
 
-    async def open_snapshot(run: Run) -> tuple[bytes, AsyncGenerator[bytes]]:
-        """The snapshot of a run (its final files once done) as the wire's head and the rest;
-        errors are HTTP errors, raised before any byte is sent."""
+    limits = limits or SnapshotLimits()
+    snapshots = Snapshots(limits, pipeline.state_dir, registry)
+
+    async def build(run: Run, path: Path) -> None:
+        """The run's snapshot (its final files once done) into ``path``, whole, within the
+        bound; errors are :class:`RewardstreamError`, said in one line."""
         received: dict[str, PartView] = {}
         offsets: dict[str, int] = {}
         final = None
+        deadline = asyncio.get_running_loop().time() + limits.timeout
         try:
             if run.terminal is not None and peers is not None:
-                final = await peers.final_files(run.run_id)
+                async with asyncio.timeout_at(deadline):
+                    final = await peers.final_files(run.run_id)
             elif peers is not None:
-                received, offsets = await peers.gather(run.run_id)
+                received, offsets = await peers.gather(run.run_id, timeout=limits.timeout)
+            async with asyncio.timeout_at(deadline):
+                await SnapshotJob(pipeline, run.run_id, received, offsets, final).spool(path)
+        except TimeoutError:
+            raise SnapshotUnavailable(
+                f"not built within {limits.timeout:g} s (--snapshot-timeout)"
+            ) from None
+
+    @contextlib.asynccontextmanager
+    async def built(run: Run) -> AsyncIterator[Path]:
+        """The run's snapshot wire, shared with the requests for it at the same positions;
+        errors are HTTP errors (none sent yet)."""
+        key = (run.run_id, run.terminal is not None, tuple(sorted(pipeline.positions().items())))
+        try:
+            async with snapshots.take(key, functools.partial(build, run)) as path:
+                yield path
+        except Busy as exc:
+            raise web.HTTPTooManyRequests(
+                text=f"snapshot of run {run.run_id!r}: {exc}; try again later",
+                headers={"Retry-After": str(exc.retry_after)},
+            ) from None
+        except SnapshotError as exc:
+            raise web.HTTPConflict(text=str(exc)) from None
         except RewardstreamError as exc:
             raise web.HTTPServiceUnavailable(
                 text=f"snapshot of run {run.run_id!r}: {exc}"
             ) from None
-        stream = SnapshotJob(pipeline, run.run_id, received, offsets, final).stream()
-        try:
-            return await anext(stream), stream
-        except SnapshotError as exc:
-            await stream.aclose()
-            raise web.HTTPConflict(text=str(exc)) from None
 
     async def snapshot(request: web.Request) -> web.StreamResponse:
         run = _known(request)
-        head, stream = await open_snapshot(run)
-        try:
-            response = web.StreamResponse(headers={"Content-Type": MEDIA_TYPE})
-            try:
-                await response.prepare(request)
-                await response.write(head)
-                async for chunk in stream:
-                    await response.write(chunk)
-                await response.write_eof()
-            except ConnectionResetError:  # aiohttp's ClientConnectionResetError too
-                log.info("snapshot of run %s: the client went away", run.run_id)
-        finally:
-            await stream.aclose()  # a client gone mid-stream: stop the children now
-        return response
+        async with built(run) as path:
+            return await _send_file(request, path, MEDIA_TYPE, limits.timeout)
 
     async def download(request: web.Request) -> web.StreamResponse:
         """The page's download button: the snapshot (the final files once done) as one zip."""
         run = _known(request)
-        head, stream = await open_snapshot(run)
         kind = "final" if run.terminal is not None else "snapshot"
         with tempfile.TemporaryDirectory(dir=pipeline.state_dir, prefix=".download-") as tmp:
-            try:
-                wire = Path(tmp, "wire")
-                with wire.open("wb") as fh:
-                    fh.write(head)
-                    async for chunk in stream:
-                        await asyncio.to_thread(fh.write, chunk)
-            finally:
-                await stream.aclose()
-            try:
-                archive = await asyncio.to_thread(_zip, wire, Path(tmp), run.run_id)
-            except RewardstreamError as exc:
-                raise web.HTTPServiceUnavailable(text=str(exc)) from None
+            async with built(run) as wire:
+                try:
+                    archive = await asyncio.to_thread(_zip, wire, Path(tmp), run.run_id)
+                except RewardstreamError as exc:
+                    raise web.HTTPServiceUnavailable(text=str(exc)) from None
             name = f"{view.summary(run)['stem']}_{kind}.zip"
-            response = web.StreamResponse(
-                headers={
-                    "Content-Type": "application/zip",
-                    "Content-Disposition": f'attachment; filename="{name}"',
-                    "Content-Length": str(archive.stat().st_size),
-                }
+            disposition = {"Content-Disposition": f'attachment; filename="{name}"'}
+            return await _send_file(
+                request, archive, "application/zip", limits.timeout, disposition
             )
-            await response.prepare(request)
-            with contextlib.suppress(ConnectionResetError), archive.open("rb") as fh:
-                while chunk := await asyncio.to_thread(fh.read, CHUNK):
-                    await response.write(chunk)
-                await response.write_eof()
-            return response
 
     def _known(request: web.Request) -> Run:
         run_id = request.match_info["run_id"]
@@ -199,6 +208,37 @@ def make_app(
 
 def _dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+_SLOWEST = 1 << 20  # bytes/s: a client reading slower than this (or not at all) is cut off
+
+
+async def _send_file(
+    request: web.Request,
+    path: Path,
+    content_type: str,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """``path`` as the response, with its length: a client that gets fewer bytes knows the
+    body was cut short. A client too slow to read it within ``timeout`` plus a second per MiB
+    is cut off, so that it holds no request slot for ever."""
+    size = path.stat().st_size
+    response = web.StreamResponse(
+        headers={"Content-Type": content_type, "Content-Length": str(size), **(headers or {})}
+    )
+    try:
+        async with asyncio.timeout(timeout + size / _SLOWEST):
+            await response.prepare(request)
+            with path.open("rb") as fh:
+                while chunk := await asyncio.to_thread(fh.read, CHUNK):
+                    await response.write(chunk)
+            await response.write_eof()
+    except (ConnectionResetError, TimeoutError) as exc:  # aiohttp's ClientConnectionResetError
+        log.info("%s: the client went away or read too slowly (%r)", request.path, exc)
+        if request.transport is not None:
+            request.transport.close()
+    return response
 
 
 def _zip(wire: Path, folder: Path, run_id: str) -> Path:
@@ -230,11 +270,14 @@ class _ClientFaults(logging.Filter):
 _CLIENT_FAULTS = _ClientFaults()
 
 
-async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def serve(
+    app: web.Application, host: str, port: int, idle_timeout: float = IDLE_TIMEOUT
+) -> tuple[web.AppRunner, int]:
     """Start serving ``app`` (port 0: a free one); returns the runner (stop it with ``await
-    runner.cleanup()``) and the port bound."""
+    runner.cleanup()``) and the port bound. A connection idle for ``idle_timeout`` seconds
+    (none sent yet, or between two requests) is closed: idle sockets cannot pile up."""
     logging.getLogger("aiohttp.server").addFilter(_CLIENT_FAULTS)  # once: the same filter
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

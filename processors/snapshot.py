@@ -1,10 +1,12 @@
-"""Partial profiles of a live run: built in forked children, streamed while they render.
+"""Partial profiles of a live run: built in forked children, whole before they are sent.
 
 Why fork: the child sees the run's state exactly as it was when the request came (copy-on-write:
 consistent, and no copy to make), while the parent keeps ingesting on its own core; and once the
 profile's numbers are built, a helper child renders the second half of the task rows and the
 agent-level files while the first renders and sends the first half, so a snapshot uses two
-cores.
+cores. The parent spools what they send to a file and answers with it once it is whole (with its
+length), within a bound; the requests for a run at the same positions share one build, and
+beyond a bound on builds and requests the answer is "busy" (:class:`Snapshots`).
 
 The wire form and the client end are in :mod:`rewardstream.sinks.snapshot_wire`.
 """
@@ -13,16 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import math
 import os
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncGenerator, Callable
-from typing import BinaryIO
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
 
 import orjson
+from prometheus_client import CollectorRegistry, Counter
 
 from rewardstream.errors import RewardstreamError
 from rewardstream.forking import fork
@@ -40,7 +47,7 @@ from rewardstream.sinks.snapshot_wire import (
     frames,
 )
 
-__all__ = ["SnapshotJob"]
+__all__ = ["Busy", "SnapshotJob", "SnapshotLimits", "SnapshotUnavailable", "Snapshots"]
 
 _SPLIT_MIN = 2_000  # task rows below which the helper renders none of them
 # the first renderer's share of the rows: the helper also computes the agent-level metrics,
@@ -166,26 +173,126 @@ class SnapshotJob:
                 os.killpg(self.pid, signal.SIGKILL)
             self.wait()
 
-    async def stream(self) -> AsyncGenerator[bytes]:
-        """The head line (first item; raises :class:`SnapshotError` if the build failed), then
-        the frames as they come. Closes the pipe and reaps the child when done or abandoned."""
+    async def spool(self, path: Path) -> None:
+        """The whole stream into ``path``, so that a response is sent only once it is whole
+        (with its length: a body cut short in transit can never pass for a whole one). Raises
+        :class:`SnapshotError` if the build failed before its head (e.g. rollouts without input
+        rows), :class:`SnapshotUnavailable` if the child died later. Cancelled (its deadline, or
+        every asker gone): the children are killed, then reaped."""
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=HEAD_LIMIT, loop=loop)
         pipe = open(self.fd, "rb", 0)  # noqa: SIM115 - the transport owns and closes it
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe
         )
+        whole = False
         try:
             line = await reader.readline()
             if not line.startswith(b'{"run_id"'):
                 message = orjson.loads(line).get("error") if line else None
                 raise SnapshotError(message or "the snapshot worker failed (see the log)")
-            yield line
-            while data := await reader.read(CHUNK):
-                yield data
+            with path.open("wb") as fh:
+                fh.write(line)
+                while data := await reader.read(CHUNK):
+                    fh.write(data)
+            whole = True
         finally:
             transport.close()
-            if self.pid is not None:
+            if not whole and self.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.pid, signal.SIGKILL)  # still running only if abandoned
-                await loop.run_in_executor(None, self.wait)
+                    os.killpg(self.pid, signal.SIGKILL)
+            status = await loop.run_in_executor(None, self.wait)
+        if status:
+            raise SnapshotUnavailable(f"the snapshot worker failed (status {status}; see the log)")
+
+
+class SnapshotUnavailable(RewardstreamError):
+    """No whole snapshot within the bound: a peer that does not answer, a builder that failed
+    or took too long. The message names what, in one line."""
+
+
+class Busy(RewardstreamError):
+    """As many snapshots are under way as the limits allow: try again in ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class SnapshotLimits(NamedTuple):
+    """How a processor bounds its snapshots (``rewardstream stream --snapshot-*``)."""
+
+    timeout: float = 10.0  # seconds: a snapshot answers within it, the whole run or 503
+    builds: int = 2  # snapshots built at once (each forks; the requests for one share it)
+    requests: int = 32  # snapshot requests served at once (waiting for a build, or sending it)
+
+
+@dataclasses.dataclass
+class _Shared:
+    """One build and the requests it answers; its file goes when the last of them is done."""
+
+    task: asyncio.Task[None]
+    path: Path
+    users: int = 0
+
+
+class Snapshots:
+    """Admission control for snapshots: the requests for the same key (a run at the same
+    positions) share one build; beyond :class:`SnapshotLimits`' ``builds`` or ``requests``,
+    :class:`Busy`. Builds run in forked children, so the event loop (the consume loop, the
+    group's heartbeats, ``/healthz``) only forks, reads a pipe and sends a file."""
+
+    def __init__(
+        self, limits: SnapshotLimits, spool_dir: Path, registry: CollectorRegistry | None
+    ) -> None:
+        self.limits, self.spool_dir = limits, spool_dir
+        self._shared: dict[Hashable, _Shared] = {}
+        self._requests = 0
+        self._builds = Counter(
+            "rewardstream_snapshot_builds",
+            "Snapshots built (forked); the requests for a run at the same positions share one",
+            registry=registry,
+        )
+        self._answers = Counter(
+            "rewardstream_snapshot_requests",
+            "Snapshot requests by outcome: served, busy (429), failed (409/503)",
+            ["outcome"],
+            registry=registry,
+        )
+
+    @contextlib.asynccontextmanager
+    async def take(
+        self, key: Hashable, build: Callable[[Path], Coroutine[Any, Any, None]]
+    ) -> AsyncIterator[Path]:
+        """The file ``build`` wrote for ``key`` (started now, or already under way for another
+        request), held until the block ends. Raises :class:`Busy`, or what the build raised."""
+        retry = math.ceil(self.limits.timeout)  # a build under way ends within it
+        shared = self._shared.get(key)
+        if self._requests >= self.limits.requests:
+            self._answers.labels("busy").inc()
+            raise Busy(f"{self._requests} snapshot requests under way already", retry)
+        if shared is None:
+            running = sum(not s.task.done() for s in self._shared.values())
+            if running >= self.limits.builds:
+                self._answers.labels("busy").inc()
+                raise Busy(f"{running} snapshots being built already", retry)
+            self.spool_dir.mkdir(parents=True, exist_ok=True)
+            path = self.spool_dir / f".snapshot-{uuid.uuid4().hex}"
+            shared = self._shared[key] = _Shared(asyncio.create_task(build(path)), path)
+            self._builds.inc()
+        self._requests += 1
+        shared.users += 1
+        outcome = "failed"
+        try:
+            await asyncio.shield(shared.task)
+            yield shared.path
+            outcome = "served"
+        finally:
+            self._requests -= 1
+            shared.users -= 1
+            self._answers.labels(outcome).inc()
+            if shared.users == 0:  # the last asker: nobody needs the build or its file
+                if self._shared.get(key) is shared:
+                    del self._shared[key]
+                shared.task.cancel()
+                shared.path.unlink(missing_ok=True)

@@ -63,7 +63,7 @@ from rewardstream.engine_contract import (
 )
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
-from rewardstream.processors.http import make_app, serve
+from rewardstream.processors.http import IDLE_TIMEOUT, make_app, serve
 from rewardstream.processors.live import AgentLive, of_state
 from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
 from rewardstream.processors.pipeline import (
@@ -75,6 +75,7 @@ from rewardstream.processors.pipeline import (
     RemoteUnit,
 )
 from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
+from rewardstream.processors.snapshot import SnapshotLimits
 from rewardstream.sinks.files import ProfilePaths, write_files, write_final
 from rewardstream.sinks.metrics import Metrics
 from rewardstream.sinks.profiles import (
@@ -99,7 +100,8 @@ _MEMBER_LIVE_BYTES = 512 << 10
 _BATCH = 10_000  # records per fetched batch
 _SLICE = 2_000  # records applied between two chances for the fetcher to run
 _GC_YOUNG = 50_000  # allocations between young collections while processing (CPython: 700)
-_PART_TIMEOUT = aiohttp.ClientTimeout(total=120, sock_connect=5)
+_PART_TIMEOUT_S = 120.0  # a peer's answer to a part request, when nothing tighter is asked
+_PART_TIMEOUT = aiohttp.ClientTimeout(total=_PART_TIMEOUT_S, sock_connect=5)
 MAX_EVENT_BYTES = 1 << 20  # larger events are dead letters ("oversized"), never parsed
 DEAD_LETTER_CUT = 64 << 10  # what is kept of a dead letter too large to park whole
 COMMIT_FORMAT = 1  # version of the JSON in a committed offset's metadata
@@ -132,6 +134,8 @@ class StreamProcessor:
         evict_after: float = 24 * 3600.0,
         aggregate_metrics: bool = False,
         stall_after: float = STALL_AFTER,
+        snapshot_limits: SnapshotLimits | None = None,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self.bootstrap = bootstrap
         self.security = security or KafkaSecurity.from_env()  # SASL/TLS for every client
@@ -146,6 +150,7 @@ class StreamProcessor:
         self.advertise = advertise
         self.url: str | None = None  # where this processor serves its parts, once it does
         self.evict_after = evict_after
+        self.snapshot_limits, self.idle_timeout = snapshot_limits, idle_timeout
         self.metrics = Metrics(lambda: self.pipeline.runs, self.lag, clock=time.monotonic)
         self.pipeline = Pipeline(
             output_dir or self.state_dir / "finals",
@@ -196,9 +201,9 @@ class StreamProcessor:
             if self._own_state:
                 stack.callback(shutil.rmtree, self.state_dir, True)
             stack.callback(self.pipeline.close)
-            app = make_app(self.pipeline, self.metrics.registry, self)
+            app = make_app(self.pipeline, self.metrics.registry, self, self.snapshot_limits)
             host, port = http or ("127.0.0.1", 0)
-            runner, bound = await serve(app, host, port)
+            runner, bound = await serve(app, host, port, self.idle_timeout)
             stack.push_async_callback(runner.cleanup)
             shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
             self.url = self.advertise or f"http://{_url_host(shown)}:{bound}"
@@ -555,11 +560,12 @@ class StreamProcessor:
         return {"prefix": self.prefix, "group": self.group_id}
 
     async def gather(
-        self, run_id: str, at_least: dict[str, int] | None = None
+        self, run_id: str, at_least: dict[str, int] | None = None, timeout: float = _PART_TIMEOUT_S
     ) -> tuple[dict[str, PartView], dict[str, int]]:
         """The run's parts of every unit not owned here, from their owners, with the offset each
-        covers; raises :class:`Unavailable` when a unit has no reachable owner, or one behind
-        ``at_least`` (a finished run's ends)."""
+        covers; raises :class:`Unavailable` when a unit has no reachable owner, one that does
+        not answer within ``timeout`` seconds (a frozen peer), or one behind ``at_least`` (a
+        finished run's ends)."""
         every = self.all_units()
         if every is None:
             raise Unavailable("the data topics' partitions are not known yet")
@@ -571,11 +577,17 @@ class StreamProcessor:
                 raise Unavailable(f"partition {name} has no owner serving parts right now")
             by_url.setdefault(owner.url, set()).add(name)
         answers = await asyncio.gather(
-            *(self._fetch_parts(url, run_id) for url in by_url), return_exceptions=True
+            *(asyncio.wait_for(self._fetch_parts(url, run_id), timeout) for url in by_url),
+            return_exceptions=True,
         )
         parts: dict[str, PartView] = {}
         offsets: dict[str, int] = {}
         for (url, names), answer in zip(by_url.items(), answers, strict=True):
+            if isinstance(answer, TimeoutError):
+                raise Unavailable(
+                    f"partitions {', '.join(sorted(names))}: their owner {url} did not answer "
+                    f"within {timeout:g} s"
+                )
             if isinstance(answer, BaseException):
                 raise Unavailable(f"cannot get parts from {url}: {answer}") from None
             positions, received = answer

@@ -196,6 +196,7 @@ def _finite(text: str) -> float:
 def _cmd_stream(args: argparse.Namespace) -> int:
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
+    from rewardstream.processors.snapshot import SnapshotLimits
     from rewardstream.processors.stream import StreamProcessor
 
     logging.basicConfig(
@@ -214,6 +215,10 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         evict_after=args.evict_after,
         aggregate_metrics=args.aggregate_metrics,
         stall_after=args.stall_after,
+        snapshot_limits=SnapshotLimits(
+            args.snapshot_timeout, args.max_snapshot_builds, args.max_snapshot_requests
+        ),
+        idle_timeout=args.http_idle_timeout,
     )
 
     async def main() -> None:
@@ -314,9 +319,10 @@ def _snapshot(base: str, run_id: str, out: Path) -> SnapshotHead:
         with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=600) as r:
             return receive(r, out, url)
     except urllib.error.HTTPError as exc:
-        raise InputError(
-            f"snapshot failed: HTTP {exc.code} {exc.read().decode(errors='replace')}"
-        ) from None
+        said = " ".join(exc.read().decode(errors="replace").split())  # one line
+        retry = exc.headers.get("Retry-After")
+        again = f" (try again in {retry} s)" if retry else ""
+        raise InputError(f"snapshot failed: HTTP {exc.code} {said}{again}"[:1000]) from None
     except urllib.error.URLError as exc:
         raise InputError(f"cannot reach {base}: {exc.reason}") from None
     except (http.client.HTTPException, ConnectionError) as exc:  # the stream broke off
@@ -506,6 +512,36 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="every run's snapshots and final carry _aggregate_metrics.json and "
         "_task_difficulty.json, not only those whose publisher asked",
+    )
+    st.add_argument(
+        "--snapshot-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="a snapshot answers within S seconds: the whole run, or 503 naming what did not "
+        "answer (10)",
+    )
+    st.add_argument(
+        "--max-snapshot-builds",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="snapshots built at once; requests for a run at the same positions share one, "
+        "beyond N others get 429 with Retry-After (2)",
+    )
+    st.add_argument(
+        "--max-snapshot-requests",
+        type=_positive_int,
+        default=32,
+        metavar="N",
+        help="snapshot and download requests served at once; beyond N, 429 with Retry-After (32)",
+    )
+    st.add_argument(
+        "--http-idle-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="close an HTTP connection idle for S seconds (30)",
     )
     kafka_options.add_arguments(st)
     st.set_defaults(func=_cmd_stream)

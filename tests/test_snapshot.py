@@ -7,7 +7,10 @@ import asyncio
 import contextlib
 import io
 import os
+import signal
 import struct
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -19,7 +22,13 @@ from rewardstream.kafka_local import free_port
 from rewardstream.processors.http import make_app, serve
 from rewardstream.processors.pipeline import EventKind, Pipeline
 from rewardstream.processors.snapshot import SnapshotJob
-from rewardstream.sinks.snapshot_wire import MEDIA_TYPE, SnapshotError, SnapshotHead, receive
+from rewardstream.sinks.snapshot_wire import (
+    CHUNK,
+    MEDIA_TYPE,
+    SnapshotError,
+    SnapshotHead,
+    receive,
+)
 from tests.golden import (
     GoldenCase,
     assert_batch_files,
@@ -141,9 +150,10 @@ def test_a_bad_stream_writes_nothing(body: bytes, message: str, tmp_path: Path) 
     assert sorted(os.listdir(tmp_path)) == (["out"] if out.exists() else [])
 
 
-async def test_a_client_gone_mid_stream_stops_the_children(tmp_path: Path) -> None:
-    """The endpoint kills and reaps the builders of an abandoned snapshot, and keeps serving."""
-    generate(3_000, 2, tmp_path / "r", text_bytes=2_000, seed=5)  # ~20 MB: more than one read
+@contextlib.asynccontextmanager
+async def large_run_served(tmp_path: Path) -> AsyncIterator[str]:
+    """The snapshot URL of a run of ~20 MB (many pipe writes) on a real endpoint."""
+    generate(3_000, 2, tmp_path / "r", text_bytes=2_000, seed=5)
     events = file_events(
         tmp_path / "r_materialized_inputs.jsonl", tmp_path / "r.jsonl", "run", "r", finish=False
     )
@@ -151,24 +161,62 @@ async def test_a_client_gone_mid_stream_stops_the_children(tmp_path: Path) -> No
         feed(pipeline, events)
         port = free_port()
         runner, _ = await serve(make_app(pipeline, None), "127.0.0.1", port)
-        url = f"http://127.0.0.1:{port}/runs/run/snapshot"
         try:
-            before = set(_children())  # other tests' processes may still be going away
-            async with aiohttp.ClientSession() as session:
-                async with session.post(url) as response:
-                    assert response.headers["Content-Type"] == MEDIA_TYPE
-                    await response.content.readline()
-                    response.close()  # gone, with most of the body unread
-                for _ in range(100):
-                    if not set(_children()) - before:
-                        break
-                    await asyncio.sleep(0.05)
-                assert set(_children()) - before == set()
-                async with session.post(url) as response:  # and the next one is whole
-                    assert response.status == 200
-                    assert (await response.read()).endswith(FRAME.pack(255, 0))
+            yield f"http://127.0.0.1:{port}/runs/run/snapshot"
         finally:
             await runner.cleanup()
+
+
+async def test_a_client_gone_mid_stream_stops_the_children(tmp_path: Path) -> None:
+    """The endpoint reaps the builders of an abandoned snapshot, and keeps serving."""
+    async with large_run_served(tmp_path) as url:
+        before = set(_children())  # other tests' processes may still be going away
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url) as response:
+                assert response.headers["Content-Type"] == MEDIA_TYPE
+                await response.content.readline()
+                response.close()  # gone, with most of the body unread
+            for _ in range(100):
+                if not set(_children()) - before:
+                    break
+                await asyncio.sleep(0.05)
+            assert set(_children()) - before == set()
+            async with session.post(url) as response:  # and the next one is whole
+                assert response.status == 200
+                assert (await response.read()).endswith(FRAME.pack(255, 0))
+
+
+def _wrote(pid: str) -> bool:
+    """Whether process ``pid`` has written more than a frame (its head went with the first)."""
+    with contextlib.suppress(OSError):
+        io = Path(f"/proc/{pid}/io").read_text()
+        return int(io.split("wchar:")[1].split()[0]) > CHUNK
+    return False
+
+
+async def test_a_builder_that_dies_mid_build_is_a_503_never_a_short_200(tmp_path: Path) -> None:
+    """The builder killed once it has sent its head: the answer is a 503 saying so, not a 200
+    whose body (complete as far as HTTP can tell) lacks its end."""
+    async with large_run_served(tmp_path) as url, aiohttp.ClientSession() as session:
+        before = set(_children())
+        posted = asyncio.ensure_future(session.post(url))
+        deadline = time.monotonic() + 30
+        while not (builders := [c for c in set(_children()) - before if _wrote(c)]):
+            assert time.monotonic() < deadline, "no snapshot builder wrote anything"
+            await asyncio.sleep(0.001)
+        (builder,) = builders
+        state = Path(f"/proc/{builder}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        os.killpg(int(builder), signal.SIGKILL)
+        assert state != "Z", "the builder was done before it could be killed"
+        async with await posted as response:
+            body = await response.read()
+            assert response.status == 503, (response.status, body[-20:])
+            assert b"snapshot worker failed" in body
+        async with session.post(url) as response:  # and the next one is whole, with its length
+            assert response.status == 200
+            body = await response.read()
+            assert int(response.headers["Content-Length"]) == len(body)
+            assert body.endswith(FRAME.pack(255, 0))
 
 
 def _children() -> list[str]:
