@@ -883,9 +883,9 @@ async def collect(
             await collector.run()
         except asyncio.CancelledError:
             written = len(plan.cached) + collector.completed
-            how = resume_command or "run it again with +resume_from_cache=true"
+            how = f"; to resume: {resume_command}" if resume_command else ""
             print(
-                f"Interrupted: {written} rollouts written to {paths.rollouts}; to resume: {how}",
+                f"Interrupted: {written} rollouts written to {paths.rollouts}{how}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -415,6 +415,21 @@ def test_a_plain_rerun_keeps_every_earlier_file_as_a_numbered_backup(
     }
 
 
+@needs_root
+def test_a_new_collection_that_cannot_start_puts_the_earlier_files_back(
+    servers: NgRun, tmp_path: Path
+) -> None:
+    """The earlier files are moved aside, then the new materialized inputs do not fit."""
+    src = write_problems(tmp_path / "problems.jsonl", 300)  # ~190 kB materialized
+    with _tmpfs(tmp_path / "small", "size=64k") as folder:
+        for name in ("r.jsonl", "r_materialized_inputs.jsonl", "r.jsonl.~1~"):
+            (folder / name).write_bytes(b'{"earlier": "run"}\n')
+        before = _snapshot(folder)
+        done = _collect(src, folder / "r.jsonl", f"+head_server_url={servers.head_url}")
+        _one_line_error(done, "Cannot write", "No space left on device")
+        assert _snapshot(folder) == before
+
+
 @pytest.fixture(scope="module")
 def slow_servers() -> Iterator[NgRun]:
     with ng_run(*fast(f"{POLICY}.latency_s=0.1")) as run:
