@@ -7,9 +7,10 @@ r"""``ng_collect_rollouts``: POST every materialized row to its agent's ``/run``
 
 Files, as NeMo Gym names them: ``D/S_materialized_inputs.jsonl`` (spec §1.3), ``D/S.jsonl``
 (results in completion order, flushed line by line), ``D/S_failures.jsonl`` (one row per failed
-attempt) and ``D/S_aggregate_metrics.json``. Agents are found by name on the head server
-(``+head_server.host/port`` as NeMo Gym, or ``+head_server_url``; default
-``http://127.0.0.1:11000``), or every row goes to ``+agent_url``.
+attempt) and ``D/S_aggregate_metrics.json``; a new collection (no ``+resume_from_cache``) first
+moves what an earlier one left under these names aside, as ``NAME.~N~``. Agents are found by
+name on the head server (``+head_server.host/port`` as NeMo Gym, or ``+head_server_url``;
+default ``http://127.0.0.1:11000``), or every row goes to ``+agent_url``.
 
 **Failures are never rewards.** A connection error, a timeout or a 5xx (or 429) from ``/run`` is
 retried with exponential backoff until the row has had ``NEMO_GYM_MAX_ROLLOUT_ATTEMPTS``
@@ -33,9 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import os
 import random
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -47,13 +50,12 @@ from typing import Annotated, Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
-import uvloop
 import yaml
 from aiohttp import ClientError, ClientSession, ClientTimeout
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
-from rewardstream.command import override_command
+from rewardstream.command import override_command, run_loop
 from rewardstream.contract import (
     AttemptFailed,
     BadEvent,
@@ -71,7 +73,8 @@ from rewardstream.gym_servers.datasets import resolve_task_sources
 from rewardstream.gym_servers.environments import AGENTS, server_for_agent
 from rewardstream.jsonl import parse_line
 from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.names import check_topic_prefix
+from rewardstream.kafka_options import normalize_bootstrap
+from rewardstream.names import ProfilePaths, check_topic_prefix
 from rewardstream.overrides import parse_overrides
 from rewardstream.processors.pipeline import EventKind
 from rewardstream.producers.events import input_event, rollout_event
@@ -80,7 +83,7 @@ from rewardstream.producers.materialize import MaterializeOptions, materialize, 
 from rewardstream.producers.pages import page_line
 from rewardstream.producers.run_id import default_run_id
 from rewardstream.producers.wait import wait_profile
-from rewardstream.sinks.files import ProfilePaths, check_replaceable, profile_lines, write_files
+from rewardstream.sinks.files import check_replaceable, profile_lines, write_files
 
 __all__ = [
     "CollectConfig",
@@ -149,7 +152,7 @@ class CollectConfig(MaterializeOptions, Servers):
     disable_aggregation: bool = False
     request_timeout_s: float = Field(default=3600.0, gt=0)
     retry_backoff_s: float = Field(default=0.5, ge=0)
-    kafka_bootstrap_servers: str | None = None
+    kafka_bootstrap_servers: Annotated[str, AfterValidator(normalize_bootstrap)] | None = None
     kafka_topic_prefix: Annotated[str, AfterValidator(check_topic_prefix)] = "rewardstream"
     kafka_run_id: str | None = None
     kafka_group_id: str | None = None
@@ -177,6 +180,12 @@ class CollectionPaths(NamedTuple):
             output.with_name(f"{stem}_failures.jsonl"),
             output.with_name(f"{stem}_aggregate_metrics.json"),
         )
+
+    def every_file(self) -> list[Path]:
+        """These and the profile files of the rollouts (``ng_reward_profile``'s, or the
+        streamed profile's): what a fresh collection moves aside."""
+        profile = ProfilePaths.next_to(self.rollouts)
+        return [*self, *profile, profile.task_difficulty]
 
 
 class CollectReport(NamedTuple):
@@ -323,12 +332,38 @@ def _fresh(cfg: CollectConfig) -> _Plan:
 
 
 def _start_fresh(paths: CollectionPaths, rows: list[dict[str, Any]]) -> None:
-    """Replace the materialized inputs (atomically: a failed write leaves every old file as it
-    was), then clear what an earlier run left, as NeMo Gym does."""
-    write_rows(paths.inputs, rows)
-    print("Clearing output fpath since `resume_from_cache=False`!", file=sys.stderr)
-    for stale in (paths.rollouts, paths.failures, paths.aggregate):
-        stale.unlink(missing_ok=True)
+    """Start with no earlier output, as NeMo Gym does, but lose none: every file an earlier
+    collection left under these names is moved aside as a numbered backup, ``NAME.~N~`` (GNU
+    ``cp --backup=numbered``'s names; one N for the whole set, one more than any it has), then
+    the materialized inputs are written. A failed write puts the files back as they were."""
+    files = paths.every_file()
+    number = 1 + max(map(_backup_number, files))
+    moved: list[tuple[Path, Path]] = []
+    try:
+        for path in files:
+            if os.path.lexists(path):
+                backup = path.with_name(f"{path.name}.~{number}~")
+                os.rename(path, backup)
+                moved.append((path, backup))
+        write_rows(paths.inputs, rows)
+    except BaseException:
+        for path, backup in reversed(moved):
+            os.rename(backup, path)
+        raise
+    if moved:
+        names = ", ".join(backup.name for _, backup in moved)
+        print(
+            f"Starting a new collection (resume_from_cache=False); the earlier files are kept "
+            f"as {names} in {paths.rollouts.parent}",
+            file=sys.stderr,
+        )
+
+
+def _backup_number(path: Path) -> int:
+    """The highest N of the ``PATH.~N~`` backups there are (0: none)."""
+    found = glob.glob(f"{glob.escape(str(path))}.~[0-9]*~")
+    numbers = (name[len(str(path)) + 2 : -1] for name in found)
+    return max((int(n) for n in numbers if n.isdigit()), default=0)
 
 
 def _resumed(paths: CollectionPaths, attempts: int) -> _Plan:
@@ -365,7 +400,7 @@ def _check_outputs(cfg: CollectConfig, paths: CollectionPaths, resume: bool) -> 
         source: os.stat_result | None = os.stat(cfg.input_jsonl_fpath)
     except OSError:
         source = None  # materialize() says why
-    for path in paths:
+    for path in paths.every_file():
         st = check_replaceable(path, f" (+output_jsonl_fpath={cfg.output_jsonl_fpath})")
         if st is None:
             continue
@@ -426,7 +461,7 @@ def _holds_data(path: Path) -> bool:
 
 async def _check_reachable(urls: dict[str, str], rollouts: Path) -> None:
     """Each agent accepts a connection (the only check that fits every agent: their one
-    contract is ``POST /run``). Made only before a new collection clears earlier results:
+    contract is ``POST /run``). Made only before a new collection moves earlier results aside:
     otherwise an agent that is down costs nothing, and its rows fail as request failures."""
     for agent, url in sorted(urls.items()):
         parts = urlsplit(url)
@@ -547,20 +582,7 @@ class _Collector:
         """Announce the run, replay the cached results, run the rest."""
         plan, sink, cfg = self.plan, self.sink, self.cfg
         if sink is not None:
-            stem = self.paths.rollouts.stem
-            try:
-                started = checked(
-                    RunStarted(
-                        run_id=self.run_id,
-                        expected_rollouts=len(plan.rows),
-                        output_stem=stem,
-                        aggregate_metrics=cfg.kafka_aggregate_metrics,
-                        answer_key=cfg.kafka_answer_key,
-                    )
-                )
-            except BadEvent as exc:
-                value = self.run_id if exc.field == "run_id" else stem
-                raise InputError(f"invalid {exc.field} {value!r}: {exc.message}") from None
+            started = _run_started(cfg, self.run_id, self.paths, len(plan.rows))
             self.unsent = await _send_inputs(sink, plan.rows, self.run_id, self.paths.inputs)
             await _control(sink, started)
         for lineno, result in plan.cached:
@@ -703,6 +725,26 @@ class _Collector:
             bar.set_postfix_str(f"mean reward: {means}" if means else "", refresh=False)
 
 
+def _run_started(
+    cfg: CollectConfig, run_id: str, paths: CollectionPaths, expected: int
+) -> RunStarted:
+    """The run's ``RunStarted``; a run id, stem or answer key the contract refuses is one line."""
+    stem = paths.rollouts.stem
+    try:
+        return checked(
+            RunStarted(
+                run_id=run_id,
+                expected_rollouts=expected,
+                output_stem=stem,
+                aggregate_metrics=cfg.kafka_aggregate_metrics,
+                answer_key=cfg.kafka_answer_key,
+            )
+        )
+    except BadEvent as exc:
+        value = run_id if exc.field == "run_id" else stem
+        raise InputError(f"invalid {exc.field} {value!r}: {exc.message}") from None
+
+
 async def _all(coros: Iterator[Coroutine[Any, Any, None]]) -> None:
     """Await them all; the first error cancels the others (and is raised as itself)."""
     tasks = [asyncio.create_task(c) for c in coros]
@@ -749,7 +791,9 @@ async def _send_inputs(
     return unsent
 
 
-async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectReport:
+async def collect(
+    cfg: CollectConfig, sink: EventSink | None = None, resume_command: str | None = None
+) -> CollectReport:
     """Materialize (or resume), run every row, write the files; see the module docstring.
 
     Nothing is written before the collection can start: the output paths and their folder,
@@ -759,10 +803,15 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
 
     ``sink`` receives the run's events (a Kafka sink is made from ``kafka_bootstrap_servers``
     when none is given). It is always closed here, finished only if the collection was. The
-    live side channel never stops the collection: what it could not send is reported.
+    live side channel never stops the collection: what it could not send is reported, and a
+    broker that cannot be reached at the start only turns the live view off (one line).
+
+    Cancelled (Ctrl-C, SIGTERM) once the outputs changed, it says how many rollouts are
+    written and how to resume (``resume_command``: the command line that does).
     """
     began = time.perf_counter()
     finished = False
+    live_off: str | None = None  # why the Kafka sink could not start
     try:
         paths = CollectionPaths.of(cfg.output_jsonl_fpath)
         attempts = max_attempts()
@@ -775,6 +824,9 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
             )
         _check_outputs(cfg, paths, resume)
         plan = _resumed(paths, attempts) if resume else _fresh(cfg)
+        security = KafkaSecurity.from_env() if cfg.kafka_bootstrap_servers else None
+        if sink is not None or security is not None:  # refused before any file is written
+            _run_started(cfg, cfg.kafka_run_id or "run", paths, len(plan.rows))
         try:
             config = None
             if any(not agent_of(r) for r in plan.rows):  # rows that name only a task_source
@@ -788,11 +840,15 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
             agents = {agent_of(r) for r in plan.rows}
             routes = await routes_of(cfg, agents, config) if plan.todo else {}
             urls = {agent: route.url for agent, route in routes.items()}
-            if sink is None and cfg.kafka_bootstrap_servers:
+            if sink is None and cfg.kafka_bootstrap_servers and security is not None:
                 topics = Topics.for_prefix(cfg.kafka_topic_prefix)
-                sink = await KafkaSink(cfg.kafka_bootstrap_servers, topics).start()
+                try:
+                    sink = await KafkaSink(cfg.kafka_bootstrap_servers, topics, security).start()
+                except InputError as exc:  # a side channel: the files are the record
+                    live_off = str(exc)
+                    _say_live_off(cfg, paths, live_off)
             if not resume and any(_holds_data(p) for p in paths):
-                await _check_reachable(urls, paths.rollouts)  # they would be cleared for it
+                await _check_reachable(urls, paths.rollouts)  # they would be moved aside for it
         except RewardstreamError:
             if not resume and not paths.inputs.exists() and not paths.rollouts.exists():
                 # as NeMo Gym, which writes it before it needs any server; nothing is lost
@@ -813,10 +869,9 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
         except OSError as exc:  # files only: no network in this block
             where = exc.filename or paths.rollouts
             raise InputError(f"Cannot write '{where}': {exc.strerror or exc}") from None
-        if sink is not None and cfg.kafka_bootstrap_servers:
+        if sink is not None and cfg.kafka_bootstrap_servers and security is not None:
             # what to give rewardstream watch, snapshot or profiles get, and the page
             topics = Topics.for_prefix(cfg.kafka_topic_prefix)
-            security = KafkaSecurity.from_env()
             page = await page_line(cfg.kafka_bootstrap_servers, security, topics, run_id)
             print(
                 f"rewardstream: streaming run {run_id} to Kafka "
@@ -826,13 +881,22 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
             )
         try:
             await collector.run()
+        except asyncio.CancelledError:
+            written = len(plan.cached) + collector.completed
+            how = f"; to resume: {resume_command}" if resume_command else ""
+            print(
+                f"Interrupted: {written} rollouts written to {paths.rollouts}{how}",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise
         finally:
             collector.close()
         finished = True
     finally:
         if sink is not None:
             await sink.close(finished)
-    live_error = sink.error if sink is not None else None
+    live_error = sink.error if sink is not None else live_off
     aggregated = await _aggregate(cfg, paths, collector.kept, routes) if collector.kept else False
     persisted = len(plan.cached) + collector.completed
     if plan.todo and not persisted:
@@ -872,6 +936,22 @@ async def collect(cfg: CollectConfig, sink: EventSink | None = None) -> CollectR
         time.perf_counter() - began,
         aggregated,
         profile,
+    )
+
+
+def _say_live_off(cfg: CollectConfig, paths: CollectionPaths, why: str) -> None:
+    """The one line of a collection that goes on without its live view: why, and the command
+    that publishes its files afterwards."""
+    assert cfg.kafka_bootstrap_servers is not None
+    command = ["rewardstream", "publish", "--inputs", str(paths.inputs)]
+    command += ["--rollouts", str(paths.rollouts), "--bootstrap", cfg.kafka_bootstrap_servers]
+    if cfg.kafka_topic_prefix != CollectConfig.model_fields["kafka_topic_prefix"].default:
+        command += ["--topic-prefix", cfg.kafka_topic_prefix]
+    print(
+        f"WARNING: the live view is off: {why}; the collection goes on and its files are "
+        f"written; publish them afterwards: {shlex.join(command)}",
+        file=sys.stderr,
+        flush=True,
     )
 
 
@@ -963,10 +1043,13 @@ def validated(model: type[_M], config: dict[str, Any]) -> _M:
         raise InputError(f"invalid configuration {field!r}: {err['msg']}") from None
 
 
-def run(config: dict[str, Any], sink: EventSink | None = None) -> CollectReport:
-    """Validate ``config`` and collect (blocking); prints NeMo Gym's closing lines."""
+def run(
+    config: dict[str, Any], sink: EventSink | None = None, resume_command: str | None = None
+) -> CollectReport:
+    """Validate ``config`` and collect (blocking; SIGTERM stops it as Ctrl-C does); prints
+    NeMo Gym's closing lines."""
     cfg = validated(CollectConfig, config)
-    report = uvloop.run(collect(cfg, sink))
+    report = run_loop(collect(cfg, sink, resume_command))
     print_closing(report)
     return report
 
@@ -997,7 +1080,7 @@ _OVERRIDE_HELP = {
     "responses_create_params": (".KEY=V", "set KEY in every row's responses_create_params"),
     "prompt_config": ("PATH", "a {user, system} YAML template building each row's input"),
     "num_samples_in_parallel": ("N", f"rollouts in flight ({DEFAULT_PARALLEL})"),
-    "resume_from_cache": ("BOOL", "continue a run: keep its results, run the rest"),
+    "resume_from_cache": ("BOOL", "continue a run (else earlier files become NAME.~N~)"),
     "disable_aggregation": ("BOOL", "skip the agents' /aggregate_metrics"),
     "head_server": (".host=H .port=P", "NeMo Gym's head server address (127.0.0.1:11000)"),
     "head_server_url": ("URL", "the head server as a URL (wins over head_server)"),
@@ -1054,13 +1137,17 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+_RESUME = re.compile(r"\+{0,2}resume_from_cache=.*", re.DOTALL)  # the override a resume sets
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     def go(args: list[str]) -> int:
         config = parse_overrides(args)
         missing = [k for k in ("input_jsonl_fpath", "output_jsonl_fpath") if k not in config]
         if missing:
             raise InputError(f"missing required configuration: +{missing[0]}=<value>")
-        run(config)
+        resume = [a for a in args if not _RESUME.fullmatch(a)] + ["+resume_from_cache=true"]
+        run(config, resume_command=shlex.join(["ng_collect_rollouts", *resume]))
         return 0
 
     return override_command("ng_collect_rollouts", _usage, argv, go)

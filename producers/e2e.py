@@ -23,9 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import uvloop
-
-from rewardstream.command import override_command
+from rewardstream.command import override_command, run_loop
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.datasets import SPLITS, check_split, prepare
 from rewardstream.gym_servers.ng_run import ServerGroup, merged_config
@@ -116,7 +114,7 @@ def run_e2e(overrides: dict[str, Any]) -> CollectReport:
         async with ServerGroup(config) as servers:
             return await collect(cfg.model_copy(update={"head_server_url": servers.head_url}))
 
-    report = uvloop.run(serve_and_collect())
+    report = run_loop(serve_and_collect())
     print_closing(report)
     return report
 

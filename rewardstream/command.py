@@ -12,11 +12,21 @@ import select
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from rewardstream.errors import RewardstreamError
 
-__all__ = ["SIGPIPE_EXIT", "fail", "override_command", "package_version", "run_guarded"]
+__all__ = [
+    "SIGPIPE_EXIT",
+    "fail",
+    "override_command",
+    "package_version",
+    "run_guarded",
+    "run_loop",
+]
+
+_T = TypeVar("_T")
 
 SIGPIPE_EXIT = 141
 """128 + SIGPIPE: what a shell reports for ``cat`` or ``grep`` whose reader went away, so
@@ -55,6 +65,45 @@ class _Terminated(BaseException):
 
 def _terminate(signum: int, frame: object) -> None:
     raise _Terminated
+
+
+def run_loop(main: Coroutine[Any, Any, _T]) -> _T:
+    """``uvloop.run(main)``, SIGTERM cancelling ``main`` as Ctrl-C does. Inside the loop a
+    handler that raises (:func:`run_guarded`'s) is no use: uvloop logs its exception and goes
+    on. So the loop's own handler cancels ``main``, which cleans up; then the signal is
+    raised again, to the handler there was before (143 under :func:`run_guarded`)."""
+    import asyncio  # only the commands that run a loop pay for these
+
+    import uvloop
+
+    terminated = False
+
+    async def cancelled_by_sigterm() -> _T:
+        previous = signal.getsignal(signal.SIGTERM) or signal.SIG_DFL  # None: not set in Python
+        if previous == signal.SIG_IGN or threading.current_thread() is not threading.main_thread():
+            return await main
+        task = asyncio.current_task()
+        assert task is not None
+
+        def cancel() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, cancel)
+        try:
+            return await main
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, previous)
+
+    try:
+        return uvloop.run(cancelled_by_sigterm())
+    except asyncio.CancelledError:
+        if terminated:
+            signal.raise_signal(signal.SIGTERM)
+        raise
 
 
 def run_guarded(prog: str, func: Callable[[], int]) -> int:

@@ -425,7 +425,7 @@ async def test_failed_attempts_are_streamed_and_counted_once(
         cfg = _config(tmp_path, url, **kafka)
         report = await collect(cfg)
         assert (report.completed, report.failed) == (4, 4)
-        first = capsys.readouterr().err.splitlines()[1]  # after NeMo Gym's "Clearing ..."
+        first = capsys.readouterr().err.splitlines()[0]  # a new folder: nothing is moved aside
         assert first.startswith(f"rewardstream: streaming run {report.run_id} to Kafka")
         assert first.endswith(
             "; live page: no processor is serving these topics yet (any one's --http address)"

@@ -4,7 +4,11 @@
   was, byte for byte, and no new empty file;
 - a device, FIFO or directory at an output path is refused, never replaced; a write that fails
   mid-collection (disk full, file too large) is one line and a non-zero exit, never "Finished";
-- an event too large for Kafka is a dead letter: the collection goes on, and says so;
+- an event too large for Kafka is a dead letter: the collection goes on, and says so; a broker
+  that is down turns the live view off, never the collection;
+- a plain re-run moves every earlier output aside as numbered backups (``r.jsonl.~1~``), never
+  deletes it; Ctrl-C and SIGTERM say how many rollouts are written and the exact command that
+  resumes, which completes the collection;
 - ``rewardstream.sinks.files`` writes with the permissions of a plain ``open()`` and never sets the
   umask.
 """
@@ -15,22 +19,26 @@ import asyncio
 import contextlib
 import os
 import resource
+import shlex
 import signal
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
+from rewardstream.cli import ng_reward_profile
 from rewardstream.contract import Topics
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.run_id import default_run_id
 from rewardstream.sinks.files import write_files
-from tests.gym import NgRun, fast, keys, ng_run, read_jsonl, write_problems
+from tests.golden import OUTPUT_SUFFIXES
+from tests.gym import POLICY, NgRun, fast, keys, ng_run, read_jsonl, write_problems
 from tests.processes import read_topic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -290,7 +298,188 @@ async def test_an_event_too_large_for_kafka_is_a_dead_letter_not_an_abort(
     assert sorted(sources) == [f"{inputs}:{n}" for n in big_lines]
 
 
-# ------------------------------------------------------------- 4. rewardstream.sinks.files
+def test_a_broker_that_is_down_turns_the_live_view_off_not_the_collection(
+    servers: NgRun, tmp_path: Path
+) -> None:
+    """README: Kafka never stops a collection. One line says the live view is off and how to
+    publish the files afterwards; the files are those of a collection without Kafka."""
+    src = write_problems(tmp_path / "problems.jsonl", 6)
+    out = tmp_path / "out" / "r.jsonl"
+    inputs = out.with_name("r_materialized_inputs.jsonl")
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    head = f"+head_server_url={servers.head_url}"
+    done = _collect(src, out, head, f"+kafka_bootstrap_servers={dead}", "+kafka_topic_prefix=t")
+    assert done.returncode == 0, done.stderr
+    assert "Finished rollout collection!" in done.stdout and "Traceback" not in done.stderr
+    (off,) = [line for line in done.stderr.splitlines() if "live view is off" in line]
+    assert dead in off
+    publish = f"rewardstream publish --inputs {inputs} --rollouts {out} --bootstrap {dead}"
+    assert off.endswith(f"{publish} --topic-prefix t"), off
+    assert "streaming run" not in done.stderr  # nothing claims a live run
+    assert sorted(keys(read_jsonl(out))) == sorted(keys(read_jsonl(inputs)))
+    assert len(read_jsonl(inputs)) == 6
+
+    # waiting for a streamed profile that cannot come: the collection is still whole
+    again = tmp_path / "again" / "r.jsonl"
+    done = _collect(
+        src, again, head, f"+kafka_bootstrap_servers={dead}", "+kafka_wait_profile=true"
+    )
+    _one_line_error(done, "no streamed profile", str(again))
+    assert sorted(keys(read_jsonl(again))) == sorted(keys(read_jsonl(inputs)))
+
+
+@pytest.mark.parametrize(
+    ("extra", "part"),
+    [
+        (["+kafka_bootstrap_servers=foo:bar"], "kafka_bootstrap_servers"),
+        (["+kafka_bootstrap_servers=127.0.0.1:1", "+kafka_run_id='a b'"], "run_id"),
+    ],
+)
+def test_bad_kafka_settings_are_one_line_and_write_nothing(
+    servers: NgRun, tmp_path: Path, extra: list[str], part: str
+) -> None:
+    src = write_problems(tmp_path / "problems.jsonl", 2)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "r.jsonl").write_bytes(b'{"earlier": "run"}\n')
+    before = _snapshot(out_dir)
+    done = _collect(src, out_dir / "r.jsonl", f"+head_server_url={servers.head_url}", *extra)
+    _one_line_error(done, part)
+    assert _snapshot(out_dir) == before
+
+
+# --------------------------------------------------------------------------- 4. re-runs
+
+
+def _profile(out: Path) -> dict[str, bytes]:
+    """ng_reward_profile's three files of the collection at ``out`` (written next to it)."""
+    inputs = out.with_name(f"{out.stem}_materialized_inputs.jsonl")
+    args = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={out}"]
+    assert ng_reward_profile([*args, "+quiet=true"]) == 0
+    return {s: out.with_name(f"{out.stem}{s}").read_bytes() for s in OUTPUT_SUFFIXES}
+
+
+def test_a_plain_rerun_keeps_every_earlier_file_as_a_numbered_backup(
+    servers: NgRun, tmp_path: Path
+) -> None:
+    src = write_problems(tmp_path / "problems.jsonl", 6)
+    out_dir = tmp_path / "out"
+    out = out_dir / "r.jsonl"
+    args = (f"+head_server_url={servers.head_url}", "+num_repeats=2")
+    done = _collect(src, out, *args)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # into an empty folder: nothing to clear, nothing alarming
+    _profile(out)  # the collection's set now has the profile files too
+    rollouts = out.read_bytes()
+    out.write_bytes(rollouts[: rollouts.index(b"\n", len(rollouts) // 2) + 1])  # partial
+    first = _snapshot(out_dir)
+    assert len(first) == 4 + len(OUTPUT_SUFFIXES)
+
+    done = _collect(src, out, *args)  # no +resume_from_cache: a fresh collection
+    assert done.returncode == 0, done.stderr
+    (moved,) = done.stderr.splitlines()
+    assert "resume_from_cache=False" in moved and "~1~" in moved, moved
+    after = _snapshot(out_dir)
+    assert {f"{name}.~1~": data for name, data in first.items()} == {
+        name: data for name, data in after.items() if name.endswith(".~1~")
+    }
+    fresh = {name: data for name, data in after.items() if not name.endswith("~")}
+    assert set(fresh) == {"r.jsonl", "r_materialized_inputs.jsonl", "r_failures.jsonl"} | {
+        "r_aggregate_metrics.json"
+    }  # the new collection starts empty: no profile of the earlier rollouts beside it
+    assert len(read_jsonl(out)) == 12
+
+    done = _collect(src, out, *args)
+    assert done.returncode == 0 and "~2~" in done.stderr, done.stderr
+    second = _snapshot(out_dir)
+    assert {n: d for n, d in second.items() if n.endswith(".~1~")} == {
+        n: d for n, d in after.items() if n.endswith(".~1~")
+    }
+    assert {f"{n}.~2~": d for n, d in fresh.items()} == {
+        n: d for n, d in second.items() if n.endswith(".~2~")
+    }
+
+
+@needs_root
+def test_a_new_collection_that_cannot_start_puts_the_earlier_files_back(
+    servers: NgRun, tmp_path: Path
+) -> None:
+    """The earlier files are moved aside, then the new materialized inputs do not fit."""
+    src = write_problems(tmp_path / "problems.jsonl", 300)  # ~190 kB materialized
+    with _tmpfs(tmp_path / "small", "size=64k") as folder:
+        for name in ("r.jsonl", "r_materialized_inputs.jsonl", "r.jsonl.~1~"):
+            (folder / name).write_bytes(b'{"earlier": "run"}\n')
+        before = _snapshot(folder)
+        done = _collect(src, folder / "r.jsonl", f"+head_server_url={servers.head_url}")
+        _one_line_error(done, "Cannot write", "No space left on device")
+        assert _snapshot(folder) == before
+
+
+@pytest.fixture(scope="module")
+def slow_servers() -> Iterator[NgRun]:
+    with ng_run(*fast(f"{POLICY}.latency_s=0.1")) as run:
+        yield run
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_collection_says_how_to_resume_and_that_completes_it(
+    slow_servers: NgRun, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    src = write_problems(tmp_path / "problems.jsonl", 60)
+    out = tmp_path / "out" / "r.jsonl"
+    args = [f"+input_jsonl_fpath={src}", f"+output_jsonl_fpath={out}", "+num_repeats=2"]
+    args += ["+num_repeats_add_seed=true", "+num_samples_in_parallel=2", "+quiet=true"]
+    args += [f"+head_server_url={slow_servers.head_url}"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "rewardstream.producers.collect", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not out.exists() or out.read_bytes().count(b"\n") < 6:
+            assert child.poll() is None, "the collection ended before it was interrupted"
+            time.sleep(0.02)
+        child.send_signal(sig)
+        stdout, stderr = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == code, stderr
+    assert "Traceback" not in stderr and "Finished" not in stdout, stderr
+    written = out.read_bytes().count(b"\n")
+    assert 6 <= written < 120
+    (line,) = [line for line in stderr.splitlines() if "to resume:" in line]
+    assert f"{written} rollouts" in line and str(out) in line, line
+    command = shlex.split(line.split("to resume: ", 1)[1])
+    assert command == ["ng_collect_rollouts", *args, "+resume_from_cache=true"]
+
+    resumed = subprocess.run(
+        [str(Path(sys.executable).with_name(command[0])), *command[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert not [p for p in out.parent.iterdir() if p.name.endswith("~")]  # nothing moved aside
+    whole = tmp_path / "whole" / "r.jsonl"
+    plain = [a for a in args if not a.startswith(("+output", "+num_samples"))]
+    plain += [f"+output_jsonl_fpath={whole}", "+num_samples_in_parallel=16"]
+    done = subprocess.run(
+        [sys.executable, "-m", "rewardstream.producers.collect", *plain],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _profile(out) == _profile(whole)
+
+
+# ------------------------------------------------------------- 5. rewardstream.sinks.files
 
 _SPY = """
 import os, sys
