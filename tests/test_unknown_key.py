@@ -9,17 +9,23 @@ comes, or until every row of the run is known (then it is foreign).
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import orjson
 import pytest
 
+from rewardstream.contract import Topics
 from rewardstream.processors.inprocess import finish
 from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
 from tests.golden import assert_batch_files, file_events, generated_collection
+from tests.processes import Processor
+from tests.test_poison import _create_topics as create_topics
+from tests.test_poison import dead_letters, keyed, metrics, send
 
 if TYPE_CHECKING:
     from rewardstream.processors.pipeline import Stray
@@ -171,3 +177,91 @@ def test_a_rollout_before_its_row_is_held_uncounted_then_counts(tmp_path: Path) 
         for kind, raw in rows:
             pipeline.handle(kind, raw, unit_of(kind, raw))
         assert run.complete and rejected == []
+
+
+@pytest.mark.kafka
+def test_a_real_processor_parks_each_foreign_rollout_once_and_writes_the_batch_files(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """Four runs on real Kafka, each with one foreign rollout (a task past the last, a rollout
+    index past the repeats; before or after the last real rollout). The runs whose last real
+    rollout is held back stay open, counting only real rollouts; their processor stops and a
+    new one takes the partitions over, rebuilding them from Kafka: it parks nothing again. Every
+    run ends with the batch files, and each foreign rollout is one ``unknown-key`` dead letter."""
+    prefix = unique_name("keys")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(create_topics(kafka_bootstrap, topics))
+    events, batch = collection(tmp_path / "data")
+    cases: dict[str, tuple[Where, When]] = {
+        "task-before": ("task", "before"),
+        "task-after": ("task", "after"),
+        "rollout-before": ("rollout", "before"),
+        "rollout-after": ("rollout", "after"),
+    }
+    odd: dict[str, bytes] = {}
+    first: list[tuple[EventKind, bytes, bytes]] = []
+    held: list[tuple[EventKind, bytes, bytes]] = []  # the last real rollouts of "before" runs
+    for run_id, (where, when) in cases.items():
+        mine = [
+            (k, raw.replace(b'"run_id":"run"', f'"run_id":"{run_id}"'.encode()))
+            for k, raw in events
+        ]
+        odd[run_id] = foreign(mine, where)
+        sent = keyed(with_foreign(mine, odd[run_id], when), run_id)
+        if when == "before":
+            held.append(sent.pop())
+        first += sent
+    logs = [tmp_path / "one.log", tmp_path / "two.log"]
+    one = Processor(kafka_bootstrap, prefix, tmp_path / "out", logs[0])
+    processors.append(one)
+    send(kafka_bootstrap, topics, first)
+    expected = len([e for e in events if e[0] == "input"])
+    try:
+        one.wait(lambda runs: all(runs.get(r, {}).get("done") for r in cases if "after" in r))
+        letters = asyncio.run(dead_letters(kafka_bootstrap, topics.dead_letters, len(cases)))
+        for run_id in (r for r in cases if "before" in r):
+            run = one.runs()[run_id]
+            assert (run["rollouts"], run["inputs"], run["done"]) == (expected - 1, expected, False)
+        scraped = metrics(one.url)
+        ratios = {
+            dict(labels)["run_id"]: value
+            for (name, labels), value in scraped.items()
+            if name == "rewardstream_run_completion_ratio"
+        }
+        for run_id in cases:  # never counting the foreign rollout, never above 1
+            full = expected - ("before" in run_id)
+            assert ratios[run_id] == full / expected
+        rejected = (
+            "rewardstream_events_rejected_total",
+            (("kind", "rollout"), ("reason", "unknown-key")),
+        )
+        assert scraped[rejected] == len(cases)
+        one.kill(signal.SIGTERM)  # leaves the group, committing where to rebuild from
+        two = Processor(kafka_bootstrap, prefix, tmp_path / "out", logs[1])
+        processors.append(two)
+        two.wait(lambda runs: all(r in runs for r in cases))
+        send(kafka_bootstrap, topics, held)
+        two.wait(lambda runs: all(runs[r]["done"] for r in cases))
+        letters = asyncio.run(dead_letters(kafka_bootstrap, topics.dead_letters, len(cases)))
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\n" + "\n".join(p.read_text()[-3000:] for p in logs if p.exists())
+        ) from None
+    for run_id in cases:
+        assert_batch_files(tmp_path / "out" / run_id, batch)
+    headers = [dict(r.headers) for r in letters]
+    assert sorted(r.value for r in letters) == sorted(odd.values())  # each once
+    assert {(h["reason"], h["kind"]) for h in headers} == {(b"unknown-key", b"rollout")}
+    for run_id, raw in odd.items():
+        (detail,) = [
+            h["detail"].decode() for h, r in zip(headers, letters, strict=True) if r.value == raw
+        ]
+        event = orjson.loads(raw)
+        assert (
+            f"run '{run_id}': rollout key (task {event['task']}, rollout {event['rollout']})"
+            in detail
+        )
+    assert metrics(two.url)[rejected] == 0  # the rebuild parked nothing again
