@@ -31,7 +31,7 @@ def finish(pipeline: Pipeline, run: Run) -> ProfilePaths | None:
         return None
     paths = pipeline.paths(run)
     parts: dict[str, PartView] = dict(run.parts)
-    merged = merge_parts(parts[n] for n in sorted(parts))
+    merged = merge_parts((parts[n] for n in sorted(parts)), known_only=True)
     aggregates = pipeline.aggregates(run)
     run.failed(write_final(run.run_id, merged, paths, not run.complete, run.expected, aggregates))
     if run.error is not None:  # say so, keep serving

@@ -8,6 +8,15 @@ owns some units; what the others hold is known from their member records
 (:meth:`Pipeline.set_remote`), and their parts travel as versioned bytes
 (:mod:`rewardstream.processors.partwire`), never through a shared disk.
 
+A rollout counts toward its run only once its materialized row is here (:class:`Part`). Inputs
+and rollouts travel on different topics, read at their own pace, so a rollout may come before
+its row; it is *foreign* (a dead letter, ``unknown-key``, never counted) only once every row of
+the run is known (:attr:`Run.rows_known`: as many as its ``run_started`` says) and its key is
+none of them, or once the run's final is written without it (:meth:`judge`). A foreign rollout
+is parked once: its offset is kept in its unit (:attr:`Unit.parked`, which the transport keeps
+in the committed offset's metadata), so a replay of the unit, here or by a new owner, parks
+none again.
+
 State is rebuilt from the data topics themselves: the fold is deterministic and deduplication
 is per unit, so replaying a unit from :meth:`Pipeline.replay_start` (the first offset of any run
 still open in it) gives the same parts. A run whose final record is known
@@ -23,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
+import numpy as np
 from pydantic import ValidationError
 
 from rewardstream.contract import (
@@ -54,7 +64,7 @@ from rewardstream.processors.runs import (
     merge_parts,
     tasks_by_part,
 )
-from rewardstream.processors.state import row_key, row_names
+from rewardstream.processors.state import ProfileState, keys_in, row_key, row_names
 
 __all__ = [
     "STALL_AFTER",
@@ -65,6 +75,7 @@ __all__ = [
     "Rejected",
     "RemoteUnit",
     "SnapshotSource",
+    "Stray",
 ]
 
 log = logging.getLogger(__name__)
@@ -115,6 +126,16 @@ class Late(NamedTuple):
     events: int
 
 
+class Stray(NamedTuple):
+    """A foreign rollout (see the module docstring) at ``offset`` of ``unit``: the transport
+    reads its bytes there and parks them (:meth:`Pipeline.reject_stray`)."""
+
+    unit: str
+    run_id: str
+    offset: int
+    detail: str
+
+
 class RemoteUnit(NamedTuple):
     """A unit another processor owns, as its member record last said: the next offset it will
     consume, per run the (inputs, rollouts) it holds and per run and agent its live summary."""
@@ -154,6 +175,7 @@ class Pipeline:
         self.units: dict[str, Unit] = {}  # the units this pipeline owns
         self.remote: dict[str, RemoteUnit] = {}  # units owned elsewhere, as last heard
         self.leader = True  # finishes runs (the owner of rollout-0 in a group)
+        self.strays: list[Stray] = []  # foreign rollouts for the transport to park
         self.metrics = metrics
         self.on_reject = on_reject or (
             lambda r: log.warning("rejected %s event (%s): %s", r.kind, r.reason, r.detail)
@@ -214,6 +236,7 @@ class Pipeline:
             foreign = self._foreign(run.run_id)
             if foreign != run.foreign:  # a peer consumed some: the run is alive
                 run.foreign, run.seen = foreign, now
+                self.judge(run)  # the peers' rows may complete the run's
             run.foreign_live = self._foreign_live(run.run_id)
 
     def positions(self) -> dict[str, int]:
@@ -257,15 +280,18 @@ class Pipeline:
                     return None
                 part = self._part(name, run_id, offset)
                 before = part.duplicates
-                if not part.add_input(ev_in) and self.metrics and part.duplicates > before:
+                if part.add_input(ev_in):
+                    self._row_came(name, run_id, row_key(ev_in.row))
+                elif self.metrics and part.duplicates > before:
                     self.metrics.duplicate(kind)
             elif kind == "rollout":
                 ev_out = decode_rollout(raw)
                 run_id = ev_out.run_id
                 name = unit or "rollout-0"
-                if self._after_final(run_id, kind, raw, name, offset):
+                key = (ev_out.task, ev_out.rollout)
+                if self._after_final(run_id, kind, raw, name, offset, key):
                     return None
-                self._fold(name, {run_id: [ev_out]}, offset)
+                self._fold(name, {run_id: [ev_out]}, offset, raw)
             else:
                 control = decode_control(raw)
                 run_id = control.run_id
@@ -284,6 +310,7 @@ class Pipeline:
             return None
         run = self.run(run_id)
         run.seen = self.clock()
+        self.judge(run)
         return run
 
     def handle_inputs(
@@ -310,17 +337,30 @@ class Pipeline:
             part = parts.get(event.run_id)
             if part is None:
                 part = parts[event.run_id] = self._part(unit, event.run_id, first)
-            duplicates += not part.add_input(event, row)
+            if part.add_input(event, row):
+                self._row_came(unit, event.run_id, row.key)
+            else:
+                duplicates += 1
         if duplicates and self.metrics:
             self.metrics.duplicate("input", duplicates)
-        return self._touched(parts)
+        runs = self._touched(parts)
+        for run in runs:
+            self.judge(run)
+        return runs
 
     def _after_final(
-        self, run_id: str, kind: EventKind, raw: bytes, unit: str, offset: int | None
+        self,
+        run_id: str,
+        kind: EventKind,
+        raw: bytes,
+        unit: str,
+        offset: int | None,
+        key: tuple[int, int] | None = None,
     ) -> bool:
         """True when the event's run has its final (or evicted) record: an event the record
         covers (before its cut of the unit: read again after a restart) is a replay, counted
-        and skipped; a later one is rejected (``run-final``/``run-evicted``), never dropped
+        and skipped; a later one is rejected (``run-final``/``run-evicted``; ``unknown-key``
+        for a rollout whose ``key`` lies outside the rows its final held here), never dropped
         silently, for it cannot change a profile that is written."""
         run = self.runs.get(run_id)
         if run is None or run.terminal is None:
@@ -331,7 +371,19 @@ class Pipeline:
             return True
         reason: RejectReason = "run-evicted" if run.terminal.evicted else "run-final"
         what = "was evicted unfinished" if run.terminal.evicted else "has its final profile"
-        self._reject(kind, reason, raw, f"run {run_id!r} {what}; this event came after it")
+        detail = f"run {run_id!r} {what}; this event came after it"
+        rows = self.units.get(_rows_unit(unit))
+        span = rows.parts[run_id].span if rows is not None and run_id in rows.parts else None
+        if key is not None and span is not None and reason == "run-final":
+            task, rollout = key
+            if not (span[0] <= task <= span[1] and span[2] <= rollout <= span[3]):
+                reason = "unknown-key"
+                detail = (
+                    f"run {run_id!r}: rollout key (task {task}, rollout {rollout}) has no "
+                    f"matching materialized input row (the final's rows: tasks {span[0]}..{span[1]}"
+                    f", rollouts {span[2]}..{span[3]} in {rows.name if rows else unit})"
+                )
+        self._reject(kind, reason, raw, detail)
         return True
 
     def handle_rollouts(
@@ -342,16 +394,67 @@ class Pipeline:
         processor's hot path (about half the cost per event of :meth:`handle`). Returns the runs
         touched, or None, having applied nothing, when any event needs :meth:`handle`'s
         one-by-one path (one that is rejected, or whose ``info`` is not written as orjson
-        writes it, or one of a run that has its final record)."""
+        writes it, or one of a run that has its final record, or one whose materialized row
+        is not here: its offset is kept)."""
         if self._oversized(raws):
             return None
         events = decode_rollouts(raws)
         if events is None:
             return None
         by_run = _by_run(events)
-        if self._any_terminal(by_run):
+        if self._any_terminal(by_run) or not self._rows_here(unit, by_run):
             return None
         return self._fold(unit, by_run, first)
+
+    def _rows_here(self, unit: str, by_run: dict[str, list[Rollout]]) -> bool:
+        """Every rollout's materialized row is in the input part of its run and partition."""
+        rows = self.units.get(_rows_unit(unit))
+        for run_id, events in by_run.items():
+            part = rows.parts.get(run_id) if rows is not None else None
+            if part is None or not part.keys.has_all(events):
+                return False
+        return True
+
+    def _row_came(self, unit: str, run_id: str, key: tuple[int, int]) -> None:
+        """A new materialized row: the rollout of its key, if it came first, now counts."""
+        rollouts = self.units.get(_rollouts_unit(unit))
+        part = rollouts.parts.get(run_id) if rollouts is not None else None
+        if part is not None and part.unmatched:
+            part.unmatched.pop(key, None)
+
+    def judge(self, run: Run, final: bool = False) -> None:
+        """Park the run's rollouts held here whose key is no materialized row's, now that every
+        row is known (:attr:`Run.rows_known`) or the run's final is written (``final``): their
+        bytes go to ``on_reject`` (``unknown-key``), or, when they came from a topic, their
+        offsets to :attr:`strays` for the transport to read them again (a held rollout keeps
+        its offset only); one parked before (:attr:`Unit.parked`) is not parked again.
+        Undecided (kept, uncounted) while some row may still come, and for a unit whose input
+        partition is not owned here (the topics must have as many partitions)."""
+        if run.terminal is not None or not (final or run.rows_known):
+            return
+        for name, part in run.parts.items():
+            if not part.unmatched or _rows_unit(name) not in self.units:
+                continue
+            unit, held = self.units[name], part.unmatched
+            part.unmatched = {}
+            part.foreign += len(held)
+            for (task, rollout), at in held.items():
+                known = "all its" if run.rows_known else "the final's"
+                detail = (
+                    f"run {run.run_id!r}: rollout key (task {task}, rollout {rollout}) has no "
+                    f"matching materialized input row ({known} {run.inputs} rows have come)"
+                )
+                if isinstance(at, bytes):
+                    self._reject("rollout", "unknown-key", at, detail)
+                elif at in unit.parked:
+                    log.info("%s (parked before, at %s offset %d)", detail, name, at)
+                else:
+                    unit.parked.add(at)
+                    self.strays.append(Stray(name, run.run_id, at, detail))
+
+    def reject_stray(self, stray: Stray, raw: bytes) -> None:
+        """Park a foreign rollout (see :meth:`judge`) with its bytes read again."""
+        self._reject("rollout", "unknown-key", raw, stray.detail)
 
     def _oversized(self, raws: Sequence[bytes]) -> bool:
         """A batch holds an event over ``max_event_bytes`` (:meth:`handle` rejects it)."""
@@ -370,12 +473,22 @@ class Pipeline:
             run.seen = now
         return runs
 
-    def _fold(self, unit: str, by_run: dict[str, list[Rollout]], first: int | None) -> list[Run]:
-        """Add decoded rollouts, by run, to their runs' parts (dropping those seen before)."""
+    def _fold(
+        self,
+        unit: str,
+        by_run: dict[str, list[Rollout]],
+        first: int | None,
+        raw: bytes | None = None,
+    ) -> list[Run]:
+        """Add decoded rollouts, by run, to their runs' parts (dropping those seen before); with
+        ``raw``, one event (at offset ``first``) whose row may not be here: held unmatched
+        (its offset, or its bytes when it has none)."""
         for run_id, mine in by_run.items():
             part = self._part(unit, run_id, first)
             before = part.duplicates
             new = part.add_rollouts(mine)
+            if raw is not None and new and not self._rows_here(unit, {run_id: new}):
+                part.unmatched[new[0].task, new[0].rollout] = raw if first is None else first
             if self.metrics:
                 self.metrics.rollouts(new)
                 if part.duplicates > before:
@@ -427,6 +540,8 @@ class Pipeline:
         run = self.run(run_id)
         if run.terminal is not None:
             return []
+        if not terminal.evicted:  # a rollout its final left out has no row: park it
+            self.judge(run, final=True)
         run.terminal = terminal
         late = []
         for name, part in run.parts.items():
@@ -462,11 +577,25 @@ class Pipeline:
 
     @staticmethod
     def counts_by_unit(parts: dict[str, PartView]) -> dict[str, PartCounts]:
-        """What a profile merged from ``parts`` holds of each unit (for its terminal record)."""
+        """What a profile merged from ``parts`` holds of each unit (for its terminal record):
+        of its rollouts, those with a row (see :func:`merge_parts`)."""
         tasks = tasks_by_part(parts)
+        column, states = ProfileState.column, [p.state for p in parts.values()]
+        empty = np.zeros(0, dtype=np.int64)
+        rows = [
+            np.concatenate([empty, *(column(s.in_task) for s in states)]),
+            np.concatenate([empty, *(column(s.in_rollout) for s in states)]),
+        ]
         return {
             name: PartCounts(
-                part.state.num_inputs, part.state.num_results, part.duplicates, tasks.get(name, 0)
+                part.state.num_inputs,
+                int(
+                    keys_in(
+                        column(part.state.res_task), column(part.state.res_rollout), *rows
+                    ).sum()
+                ),
+                part.duplicates,
+                tasks.get(name, 0),
             )
             for name, part in parts.items()
         }
@@ -481,7 +610,7 @@ class Pipeline:
         run."""
         run = self.runs[run_id]
         parts: dict[str, PartView] = {**received, **run.parts}
-        merged = merge_parts(parts[n] for n in sorted(parts))
+        merged = merge_parts((parts[n] for n in sorted(parts)), known_only=run.rows_known)
         covered = {**offsets, **{n: u.position for n, u in self.units.items()}}
         return SnapshotSource(
             merged, dict(sorted(covered.items())), self.paths(run), self.state_dir
@@ -503,6 +632,16 @@ class Pipeline:
 
 
 _NO_COUNTS = PartCounts(0, 0, 0, 0)
+
+
+def _rows_unit(rollouts_unit: str) -> str:
+    """The input unit holding the rows of a rollout unit's tasks (``rollout-3``: ``input-3``):
+    both topics are keyed by task, with as many partitions."""
+    return "input-" + rollouts_unit.rpartition("-")[2]
+
+
+def _rollouts_unit(rows_unit: str) -> str:
+    return "rollout-" + rows_unit.rpartition("-")[2]
 
 
 def _by_run(events: list[Rollout]) -> dict[str, list[Rollout]]:

@@ -39,7 +39,14 @@ from rewardstream.errors import InvalidRow
 from rewardstream.processors.live import AgentLive, merge_agents, summarize
 from rewardstream.processors.passk import curve_ks
 from rewardstream.processors.profile import TaskFigures, live_figures
-from rewardstream.processors.state import LOCATOR_BITS, InfoBytes, ProfileState, row_key, row_names
+from rewardstream.processors.state import (
+    LOCATOR_BITS,
+    InfoBytes,
+    ProfileState,
+    keys_in,
+    row_key,
+    row_names,
+)
 from rewardstream.processors.welford import RunningStats
 
 __all__ = [
@@ -167,6 +174,16 @@ class _KeySet:
             return key in self._other
         return bool(self._masks.get(task, 0) >> rollout & 1)
 
+    def has_all(self, events: Sequence[Rollout]) -> bool:
+        """Every event's key is here (a rollout part's check against its input part's keys)."""
+        masks, other = self._masks, self._other
+        return all(
+            masks.get(e.task, 0) >> e.rollout & 1
+            if 0 <= e.rollout < 4096
+            else (e.task, e.rollout) in other
+            for e in events
+        )
+
     def add(self, task: int, rollout: int) -> bool:
         """Record the key; False when it was already there (one lookup: the hot path)."""
         if 0 <= rollout < 4096:
@@ -186,6 +203,9 @@ class _EveryKey:
     """The key set of a retired part: every key counts as seen (no memory per key)."""
 
     def __contains__(self, key: tuple[int, int]) -> bool:
+        return True
+
+    def has_all(self, events: Sequence[Rollout]) -> bool:
         return True
 
     def add(self, task: int, rollout: int) -> bool:
@@ -227,6 +247,14 @@ class Part:
 
     Its spill holds the ``sample`` rows of an input part, the ``rollout_infos`` entries of a
     rollout part (moved there a MiB at a time): memory keeps only the numbers.
+
+    A rollout part counts only the rollouts whose materialized row has come (in the input part
+    of the same run and partition number: both topics are keyed by task). The others are in
+    its state but ``unmatched`` (key -> offset, or the event's bytes when it has none) until
+    their row comes, or until the run's rows are all known and the key is none of theirs: then
+    it is ``foreign`` (a dead letter, ``unknown-key``; see
+    :meth:`rewardstream.processors.pipeline.Pipeline.judge`). Neither counts toward the run's
+    completeness, and the final profile leaves both out (:func:`merge_parts`).
     """
 
     def __init__(self, spill_path: Path) -> None:
@@ -234,6 +262,11 @@ class Part:
         self.first_offset = 0  # of the unit's first event of the run (see Pipeline.replay_start)
         self.state = ProfileState()
         self.duplicates = 0
+        self.unmatched: dict[tuple[int, int], int | bytes] = {}
+        self.foreign = 0  # results in the state that are no materialized row's (dead letters)
+        # an input part's (first, last) task and (first, last) rollout, once retired: a later
+        # rollout of the run outside them is none of its rows
+        self.span: tuple[int, int, int, int] | None = None
         self._keys: _KeySet | _EveryKey = _KeySet()
         self._spill_path = spill_path
         self.spill: Spill | None = None  # opened by the first event
@@ -252,7 +285,15 @@ class Part:
 
     @property
     def rollouts(self) -> int:
-        return self.state.num_results if self.final is None else self.final.rollouts
+        """Rollouts that have their materialized row (see the class docstring)."""
+        if self.final is not None:
+            return self.final.rollouts
+        return self.state.num_results - len(self.unmatched) - self.foreign
+
+    @property
+    def keys(self) -> _KeySet | _EveryKey:
+        """The keys seen (of rows in an input part, of rollouts in a rollout part)."""
+        return self._keys
 
     def live(self) -> dict[str, RunningStats]:
         """Per-agent running moments (as they were at retirement, once retired)."""
@@ -279,8 +320,14 @@ class Part:
         its final's: :attr:`Done.agents`)."""
         if self.final is not None:
             return
+        if self.state.num_inputs:
+            task, rollout = (
+                ProfileState.column(c) for c in (self.state.in_task, self.state.in_rollout)
+            )
+            self.span = (int(task.min()), int(task.max()), int(rollout.min()), int(rollout.max()))
         self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
         self.state, self._keys = ProfileState(), _EveryKey()
+        self.unmatched, self.foreign = {}, 0
         self.delete()
 
     def add_input(self, event: Input, checked: CheckedRow | None = None) -> bool:
@@ -353,6 +400,9 @@ class Unit:
         self.folder = folder  # runs' spill files go to <folder>/<run_id>/.state/
         self.position = 0  # next offset to consume
         self.parts: dict[str, Part] = {}
+        # offsets of its events parked as ``unknown-key`` (here, or by an owner before: the
+        # committed offset's metadata), so that a replay parks none of them again
+        self.parked: set[int] = set()
 
     def part(self, run_id: str) -> Part:
         part = self.parts.get(run_id)
@@ -501,6 +551,12 @@ class Run:
         """Every expected rollout (and every input row) has arrived."""
         return self.expected is not None and self.rollouts == self.expected == self.inputs
 
+    @property
+    def rows_known(self) -> bool:
+        """Every materialized row has arrived, here or (as last heard) at its peers: a rollout
+        whose key is none of them is foreign from now on (rows are never removed)."""
+        return self.expected is not None and self.inputs == self.expected
+
     def live(self) -> dict[str, RunningStats]:
         """Per-agent running moments over this process's parts (Chan's merge across parts)."""
         merged: dict[str, RunningStats] = {}
@@ -590,8 +646,10 @@ class Merged(NamedTuple):
     sample: Callable[[int], bytes]
 
 
-def merge_parts(parts: Iterable[PartView]) -> Merged:
-    """One state from many parts (copies: the parts may keep growing)."""
+def merge_parts(parts: Iterable[PartView], known_only: bool = False) -> Merged:
+    """One state from many parts (copies: the parts may keep growing); ``known_only``: without
+    the results no row of the parts has (foreign rollouts: a final's, or a snapshot's once
+    the run's rows are all known)."""
     state, readers = ProfileState(), list[Callable[[int], bytes] | None]()
     for part in parts:
         shift = len(readers) << LOCATOR_BITS
@@ -604,4 +662,14 @@ def merge_parts(parts: Iterable[PartView]) -> Merged:
         assert read is not None, "an input row without its spill"
         return read(locator & mask)
 
+    if known_only:
+        column = ProfileState.column
+        keep = keys_in(
+            *(
+                column(c)
+                for c in (state.res_task, state.res_rollout, state.in_task, state.in_rollout)
+            )
+        )
+        if not keep.all():
+            state = state.results_kept(keep)
     return Merged(state, sample)

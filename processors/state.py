@@ -24,7 +24,7 @@ from rewardstream.errors import InvalidRow, MissingKey
 from rewardstream.processors.records import ResultRecord, extract_result
 from rewardstream.processors.welford import Moments, RunningStats
 
-__all__ = ["LOCATOR_BITS", "ProfileState", "row_key", "row_names"]
+__all__ = ["LOCATOR_BITS", "ProfileState", "keys_in", "row_key", "row_names"]
 
 LOCATOR_BITS = 40
 """Merged parts tag their locators with ``part << LOCATOR_BITS`` (offsets stay below 1 TiB)."""
@@ -91,6 +91,38 @@ def row_names(row: dict[str, Any]) -> tuple[str | None, str | None]:
         raise InvalidRow(f"field 'agent_ref' must be an object or null, got {_shown(agent_ref)}")
     agent = _optional_name(agent_ref.get("name") if agent_ref else None, "agent_ref.name")
     return agent, _optional_name(row.get("_ng_environment_server"), "_ng_environment_server")
+
+
+def keys_in(
+    task: npt.NDArray[np.int64],
+    rollout: npt.NDArray[np.int64],
+    of_task: npt.NDArray[np.int64],
+    of_rollout: npt.NDArray[np.int64],
+) -> npt.NDArray[np.bool_]:
+    """Per (``task``, ``rollout``) key, whether it is one of the keys (``of_task``,
+    ``of_rollout``): e.g. which results have a materialized row. Keys outside the rows' index
+    ranges (a task past the last) are no row's; the rest are coded as one int64 each (~15 ms
+    for 800,000 keys), or compared as 16-byte values when the rows' ranges are too wide."""
+    if not len(of_task):
+        return np.zeros(len(task), dtype=np.bool_)
+    t0, t1, r0, r1 = (
+        int(of_task.min()),
+        int(of_task.max()),
+        int(of_rollout.min()),
+        int(of_rollout.max()),
+    )
+    inside = (task >= t0) & (task <= t1) & (rollout >= r0) & (rollout <= r1)
+    span = r1 - r0 + 1
+    if (t1 - t0 + 1) * span < 2**62:
+        codes = (task[inside] - t0) * span + (rollout[inside] - r0)
+        inside[inside] = np.isin(codes, (of_task - t0) * span + (of_rollout - r0))
+        return inside
+
+    def pairs(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64]) -> npt.NDArray[np.void]:
+        return np.ascontiguousarray(np.stack([a, b], 1)).view(np.dtype((np.void, 16))).ravel()
+
+    inside[inside] = np.isin(pairs(task[inside], rollout[inside]), pairs(of_task, of_rollout))
+    return inside
 
 
 class ProfileState:
@@ -286,6 +318,41 @@ class ProfileState:
         shifted = np.frombuffer(other.info_end, np.int64) + info_base
         self.info_end.extend(array("q", shifted.tobytes()))
         # live stats are not merged: the merged results are folded from their values instead
+
+    def results_kept(self, keep: npt.NDArray[np.bool_]) -> ProfileState:
+        """A copy with only the results ``keep`` says (per result), its rows all kept: a merged
+        state without the rollouts no materialized row has (dead letters, ``unknown-key``).
+        Rare (a copy of every column and entry): the state must hold its entries
+        (``info_taken`` 0, as a merge's does)."""
+        if self.info_taken:
+            raise ValueError("results_kept needs a state that holds its rollout infos")
+        out = ProfileState()
+        out._set_shapes(list(self.names), [list(map(list, shape)) for shape in self.schemas])
+        for name in _COLUMNS["inputs"]:
+            getattr(out, name).extend(getattr(self, name))
+        idx = np.flatnonzero(keep)
+        for name in _COLUMNS["results"][:-1]:
+            column = getattr(self, name)
+            getattr(out, name).frombytes(self.column(column)[idx].tobytes())
+        schema = self.column(self.res_schema)
+        starts, _ = self.value_starts(schema)
+        widths = np.array([len(n) for n, _ in self.schemas] or [0], dtype=np.int64)[schema][idx]
+        first = np.repeat(starts[idx] - (np.cumsum(widths) - widths), widths)
+        values = first + np.arange(int(widths.sum()), dtype=np.int64)  # old pool positions
+        out.pool.frombytes(self.column(self.pool)[values].tobytes())
+        big_at, new_at = self.column(self.big_at), np.full(len(self.pool), -1, dtype=np.int64)
+        new_at[values] = np.arange(len(values))
+        moved = new_at[big_at] if len(big_at) else big_at
+        out.big_at.frombytes(moved[moved >= 0].astype(np.int64).tobytes())
+        out.big_value.frombytes(self.column(self.big_value)[moved >= 0].tobytes())
+        infos = b"".join(self.info_segments())
+        end = self.column(self.info_end)
+        begin = np.r_[0, end[:-1]]
+        out.info_pool += b"".join(
+            infos[b:e] for b, e in zip(begin[idx].tolist(), end[idx].tolist(), strict=True)
+        )
+        out.info_end.frombytes(np.cumsum(end[idx] - begin[idx], dtype=np.int64).tobytes())
+        return out
 
     # -- wire form (rewardstream.processors.partwire): no pickle, so no code runs on decode ---
     def export_columns(self, taken_infos: InfoBytes = b"") -> tuple[dict[str, Any], list[Section]]:

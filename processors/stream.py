@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import gc
 import logging
 import os
@@ -35,7 +36,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ from rewardstream.processors.pipeline import (
     Pipeline,
     Rejected,
     RemoteUnit,
+    Stray,
 )
 from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
 from rewardstream.processors.snapshot import SnapshotLimits
@@ -102,6 +104,9 @@ _SLICE = 2_000  # records applied between two chances for the fetcher to run
 _GC_YOUNG = 50_000  # allocations between young collections while processing (CPython: 700)
 _PART_TIMEOUT_S = 120.0  # a peer's answer to a part request, when nothing tighter is asked
 _PART_TIMEOUT = aiohttp.ClientTimeout(total=_PART_TIMEOUT_S, sock_connect=5)
+# offset ranges of ``unknown-key`` dead letters a commit's metadata keeps at most (Kafka's
+# offset.metadata.max.bytes is 4096 by default); beyond, the oldest may be parked again
+_PARKED_RANGES = 100
 MAX_EVENT_BYTES = 1 << 20  # larger events are dead letters ("oversized"), never parsed
 DEAD_LETTER_CUT = 64 << 10  # what is kept of a dead letter too large to park whole
 COMMIT_FORMAT = 1  # version of the JSON in a committed offset's metadata
@@ -330,7 +335,13 @@ class StreamProcessor:
         group coordinator refused it: this processor lost its partitions meanwhile (a zombie,
         paused past its session timeout), and nothing of it is rolled back."""
         consumer = self._data
-        if consumer is None or self._rejected or self._parking or self._late:
+        if (
+            consumer is None
+            or self._rejected
+            or self._parking
+            or self._late
+            or self.pipeline.strays
+        ):
             return None
         if force and names is not None:
             todo = {
@@ -346,9 +357,12 @@ class StreamProcessor:
         }
         offsets = {}
         for name in todo:
-            unit = self.pipeline.units[name]
-            meta = orjson.dumps({"v": COMMIT_FORMAT, "position": unit.position}).decode()
-            offsets[self._tp(name)] = (self.pipeline.replay_start(name), meta)
+            unit, start = self.pipeline.units[name], self.pipeline.replay_start(name)
+            meta: dict[str, Any] = {"v": COMMIT_FORMAT, "position": unit.position}
+            unit.parked = {o for o in unit.parked if o >= start}  # a replay reads no other
+            if unit.parked:
+                meta["parked"] = _ranges(unit.parked, name)
+            offsets[self._tp(name)] = (start, orjson.dumps(meta).decode())
         if not offsets:
             return None
         try:
@@ -641,28 +655,63 @@ class StreamProcessor:
             _malloc_trim(0)
         self._changed = True
 
-    async def _park_late(self, late: Late) -> None:
-        """Read a unit again from the final's cut to where it was, and reject every event of
-        the run found there: they came too late for the final, and none is dropped silently."""
-        tp = self._tp(late.unit)
+    async def _read_again(
+        self, unit: str, start: int, end: int, pick: Callable[[ConsumerRecord], None]
+    ) -> None:
+        """Read a unit's records in offsets [``start``, ``end``) again, handing each to ``pick``
+        as the record being handled (named by the dead letters it makes)."""
+        tp = self._tp(unit)
         consumer = reader(self.bootstrap, self.security)
-        found = 0
         try:
             await start_client(consumer, self.bootstrap, self.security)
             consumer.assign([tp])
-            consumer.seek(tp, late.cut)
-            while await consumer.position(tp) < late.position:
+            consumer.seek(tp, start)
+            while await consumer.position(tp) < end:
                 for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
-                    if record.offset >= late.position:
+                    if record.offset >= end:
                         break
-                    if _run_of(record.value or b"") == late.run_id:
-                        self._at = record
-                        self.pipeline.reject_late(
-                            self._kinds[tp.topic], record.value or b"", late.run_id
-                        )
-                        found += 1
+                    self._at = record
+                    pick(record)
         finally:
             await consumer.stop()
+
+    async def _park_strays(self, producer: AIOKafkaProducer) -> None:
+        """Park the rollouts the engine found foreign (``unknown-key``), read again by offset,
+        then commit their units at once: the commit's metadata keeps their offsets
+        (:attr:`~rewardstream.processors.runs.Unit.parked`), so a replay parks none again."""
+        strays, self.pipeline.strays = self.pipeline.strays, []
+        by_unit: dict[str, dict[int, Stray]] = {}
+        for stray in strays:
+            by_unit.setdefault(stray.unit, {})[stray.offset] = stray
+        self._late += 1  # no commit until they are parked
+        try:
+            for unit, found in by_unit.items():
+                pick = functools.partial(self._stray_at, found)
+                await self._read_again(unit, min(found), max(found) + 1, pick)
+            await self._dead_letters(producer)
+        finally:
+            self._late -= 1
+        await self.commit(set(by_unit), force=True)
+
+    def _stray_at(self, found: dict[int, Stray], record: ConsumerRecord) -> None:
+        stray = found.get(record.offset)
+        if stray is not None:
+            self.pipeline.reject_stray(stray, record.value or b"")
+
+    async def _park_late(self, late: Late) -> None:
+        """Read a unit again from the final's cut to where it was, and reject every event of
+        the run found there: they came too late for the final, and none is dropped silently."""
+        kind, found = self._kinds[self._tp(late.unit).topic], 0
+
+        def pick(record: ConsumerRecord) -> None:
+            nonlocal found
+            if _run_of(record.value or b"") == late.run_id:
+                self.pipeline.reject_late(kind, record.value or b"", late.run_id)
+                found += 1
+
+        try:
+            await self._read_again(late.unit, late.cut, late.position, pick)
+        finally:
             self._late -= 1
         log.warning(
             "run %s: %d events in %s [%d, %d) came after its final profile; parked (%d expected)",
@@ -722,7 +771,7 @@ class StreamProcessor:
         parts: dict[str, PartView] = {**received, **run.parts}
         cuts = {**offsets, **{n: u.position for n, u in self.pipeline.units.items()}}
         partial = not run.complete
-        merged = merge_parts(parts[n] for n in sorted(parts))
+        merged = merge_parts((parts[n] for n in sorted(parts)), known_only=True)
         if not partial and merged.state.num_results != run.expected:
             raise Unavailable(f"{merged.state.num_results} of {run.expected} rollouts gathered")
         folder = self.state_dir / "finals" / run.run_id
@@ -880,6 +929,8 @@ class StreamProcessor:
                 await self._place()
             for tp, records in batch.items():
                 await self._apply(tp, records, generation)
+            if self.pipeline.strays:
+                await self._park_strays(producer)
             if self._rejected:
                 await self._dead_letters(producer)
             for run in list(self.pipeline.runs.values()):
@@ -916,6 +967,7 @@ class StreamProcessor:
             if unit is None or got is None or got.offset < 0:
                 continue
             self._floor[name] = _committed_position(got.metadata, got.offset)
+            unit.parked |= _committed_parked(got.metadata)
             if got.offset > unit.position:
                 unit.position = got.offset
                 self._changed = True
@@ -957,6 +1009,43 @@ def _committed_position(metadata: str, offset: int) -> int:
         return offset
     position = meta.get("position") if isinstance(meta, dict) else None
     return position if type(position) is int and position >= offset else offset
+
+
+def _committed_parked(metadata: str) -> set[int]:
+    """The offsets of ``unknown-key`` dead letters in a commit's metadata (see
+    :meth:`StreamProcessor.commit`): ``[[first, last], ...]`` ranges."""
+    try:
+        meta = orjson.loads(metadata or "{}")
+    except orjson.JSONDecodeError:
+        return set()
+    ranges = meta.get("parked") if isinstance(meta, dict) else None
+    if not isinstance(ranges, list):
+        return set()
+    return {
+        o
+        for r in ranges
+        if isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
+        for o in range(r[0], min(r[1], r[0] + (1 << 20)) + 1)
+    }
+
+
+def _ranges(offsets: set[int], unit: str) -> list[list[int]]:
+    """Offsets as ``[first, last]`` ranges, the last :data:`_PARKED_RANGES` of them."""
+    ranges: list[list[int]] = []
+    for offset in sorted(offsets):
+        if ranges and ranges[-1][1] == offset - 1:
+            ranges[-1][1] = offset
+        else:
+            ranges.append([offset, offset])
+    if len(ranges) > _PARKED_RANGES:
+        log.warning(
+            "%s: %d ranges of unknown-key dead letters, more than a commit keeps: those before "
+            "offset %d may be parked again after a restart",
+            unit,
+            len(ranges),
+            ranges[-_PARKED_RANGES][0],
+        )
+    return ranges[-_PARKED_RANGES:]
 
 
 def _blocks(path: Path) -> Iterator[bytes]:

@@ -118,6 +118,7 @@ RejectReason = Literal[
     "oversized",  # above the processor's --max-event-bytes (not parsed)
     "run-final",  # of a run whose final profile is written: it came too late to be in it
     "run-evicted",  # of a run evicted unfinished (no event for --evict-after seconds)
+    "unknown-key",  # a rollout whose (task, rollout) is no materialized input row of its run
 ]
 REJECT_REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
 

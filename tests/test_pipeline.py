@@ -77,12 +77,15 @@ def test_events_in_batches_give_the_golden_files(case: GoldenCase, tmp_path: Pat
 
 
 def test_a_batch_with_an_event_to_reject_or_rewrite_applies_nothing(tmp_path: Path) -> None:
-    rollouts = [raw for kind, raw in _collection(tmp_path) if kind == "rollout"][:10]
+    events = _collection(tmp_path)
+    rollouts = [raw for kind, raw in events if kind == "rollout"][:10]
     spaced = rollouts[1].replace(b'"info":{"', b'"info":{ "')  # valid, not orjson's bytes
     with Pipeline(tmp_path / "out", max_event_bytes=max(map(len, rollouts)) + 100) as pipeline:
+        inputs = [raw for kind, raw in events if kind == "input"]
+        assert pipeline.handle_inputs(inputs, "input-0") is not None  # rows first: they count
         for odd in (b"not json", spaced, rollouts[2] + b" " * 4096):  # the last: oversized
             assert pipeline.handle_rollouts([rollouts[0], odd], "rollout-0") is None
-            assert "run" not in pipeline.runs
+            assert "rollout-0" not in pipeline.units
         runs = pipeline.handle_rollouts(rollouts[:2], "rollout-0")
         assert runs is not None and runs[0].rollouts == 2
         assert pipeline.handle("rollout", spaced, "rollout-0") is not None  # one by one: kept
@@ -160,7 +163,8 @@ def test_a_done_run_keeps_its_counts_only_and_later_events_are_rejected(tmp_path
         )
         _feed(pipeline, [*events[:-1], ("rollout", late.value)])  # republished, one never seen
         assert (run.rollouts, run.inputs, run.duplicates) == (120, 120, 0)
-        assert [r.reason for r in rejected] == ["run-final"] * 241  # none dropped silently
+        # none dropped silently; the one of no row of the final is that, not just late
+        assert [r.reason for r in rejected] == ["run-final"] * 240 + ["unknown-key"]
         assert [p.read_bytes() for p in paths] == written
 
 
@@ -220,27 +224,37 @@ def _task(raw: bytes) -> int:
     return int(event.get("task", event.get("row", {}).get("_ng_task_index")))
 
 
+def _key(raw: bytes) -> tuple[int, int]:
+    """A rollout event's (task, rollout)."""
+    event = orjson.loads(raw)
+    return event["task"], event["rollout"]
+
+
 def test_a_run_that_cannot_be_profiled_is_tried_again_only_after_new_events(
     tmp_path: Path,
 ) -> None:
     """Not with every batch: a leader would log the same error a few times a second."""
     events = _collection(tmp_path)
-    inputs = [(k, raw) for k, raw in events if k == "input"]
-    rollouts = [(k, raw) for k, raw in events if k == "rollout"]
+    inputs: list[tuple[EventKind, bytes]] = [(k, raw) for k, raw in events if k == "input"]
+    rollouts: list[tuple[EventKind, bytes]] = [(k, raw) for k, raw in events if k == "rollout"]
     started = [(k, raw) for k, raw in events if k == "control"]
-    wrong = orjson.loads(rollouts[0][1])
-    wrong["task"] = 10_000  # a rollout of no input row
-    odd: tuple[EventKind, bytes] = ("rollout", orjson.dumps(wrong))
+    far = 2**62  # a key the profile cannot place: indices spanning too wide a range
+    row = orjson.loads(inputs[0][1])
+    key = (row["row"]["_ng_task_index"], row["row"]["_ng_rollout_index"])
+    at = next(i for i, (_, r) in enumerate(rollouts) if _key(r) == key)
+    wrong = orjson.loads(rollouts[at][1])
+    row["row"]["_ng_task_index"], wrong["task"] = far, far
+    inputs[0], rollouts[at] = ("input", orjson.dumps(row)), ("rollout", orjson.dumps(wrong))
     with Pipeline(tmp_path / "out") as pipeline:
-        feed: list[tuple[EventKind, bytes]] = [*inputs[1:], *rollouts[1:], odd]
-        for kind, raw in feed:
+        for kind, raw in [*inputs[1:], *rollouts]:
             pipeline.handle(kind, raw)
         run = pipeline.handle(*started[0])
-        assert run is not None and run.rollouts == run.expected != run.inputs
-        pipeline.handle(*inputs[0])
+        assert run is not None and run.expected is not None
+        assert run.rollouts == run.inputs == run.expected - 1
+        pipeline.handle(*inputs[0])  # its row comes last: the rollout held counts now
         assert run.complete and pipeline.ready(run)
         assert finish(pipeline, run) is None and run.error is not None
-        assert "no matching materialized input rows" in run.error
+        assert "span too wide" in run.error
         assert not pipeline.ready(run)  # the same events: the same error
         pipeline.handle(*inputs[0])  # a duplicate changes nothing
         assert not pipeline.ready(run)

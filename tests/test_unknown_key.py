@@ -1,0 +1,267 @@
+"""A rollout whose (task, rollout) key is no materialized row of its run (issue 24, finding 3).
+
+Such a *foreign* rollout never counts toward the run's completeness: the run finishes when
+every row has its real rollout, with the batch profile of the real files, byte for byte, and
+the foreign one is a dead letter (``unknown-key``) exactly once. Inputs and rollouts travel on
+different topics, so a rollout may come before its row: it is held, uncounted, until its row
+comes, or until every row of the run is known (then it is foreign).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import orjson
+import pytest
+
+from rewardstream.contract import Topics
+from rewardstream.processors.inprocess import finish
+from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
+from tests.golden import assert_batch_files, file_events, generated_collection
+from tests.processes import Processor
+from tests.test_poison import _create_topics as create_topics
+from tests.test_poison import dead_letters, keyed, metrics, send
+
+if TYPE_CHECKING:
+    from rewardstream.processors.pipeline import Stray
+
+TASKS, REPEATS = 6, 3
+Where = Literal["task", "rollout"]  # a task index past the last, a rollout index past repeats
+When = Literal["before", "after"]  # the foreign rollout before / after the last real one
+
+
+def collection(folder: Path) -> tuple[list[tuple[EventKind, bytes]], Path]:
+    """A generated collection as events (inputs, rollouts, RunStarted) and its batch profile's
+    folder."""
+    inputs, rollouts = generated_collection(folder, TASKS, REPEATS, seed=5, text_bytes=20)
+    return file_events(inputs, rollouts, "run", "r", finish=False), folder
+
+
+def foreign(events: list[tuple[EventKind, bytes]], where: Where) -> bytes:
+    """A well-formed rollout of the run whose key is none of its rows'."""
+    event = orjson.loads(next(raw for kind, raw in events if kind == "rollout"))
+    if where == "task":
+        event["task"] = TASKS  # the tasks are 0..TASKS-1
+    else:
+        event["rollout"] = REPEATS  # the rollouts of a task are 0..REPEATS-1
+    return orjson.dumps(event)
+
+
+def with_foreign(
+    events: list[tuple[EventKind, bytes]], odd: bytes, when: When
+) -> list[tuple[EventKind, bytes]]:
+    """Rows, RunStarted, then the rollouts with ``odd`` before or after the last one."""
+    rows = [e for e in events if e[0] != "rollout"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    at = len(rollouts) - 1 if when == "before" else len(rollouts)
+    return [*rows, *rollouts[:at], ("rollout", odd), *rollouts[at:]]
+
+
+def unit_of(kind: EventKind, raw: bytes) -> str | None:
+    """Two partitions per data topic, by task parity (both topics keyed by task)."""
+    if kind == "control":
+        return None
+    event = orjson.loads(raw)
+    return f"{kind}-{event.get('task', event.get('row', {}).get('_ng_task_index')) % 2}"
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("where", ["task", "rollout"])
+def test_a_foreign_rollout_is_parked_and_the_run_ends_with_the_batch_profile(
+    tmp_path: Path, where: Where, when: When
+) -> None:
+    events, batch = collection(tmp_path / "data")
+    odd = foreign(events, where)
+    rejected: list[Rejected] = []
+    with Pipeline(tmp_path / "out", on_reject=rejected.append) as pipeline:
+        for kind, raw in with_foreign(events, odd, when):
+            run = pipeline.handle(kind, raw, unit_of(kind, raw))
+            assert run is None or run.expected is None or run.rollouts <= run.expected
+            assert run is None or run.local_rollouts <= (run.expected or run.local_rollouts)
+            if run is not None:
+                finish(pipeline, run)
+        run = pipeline.runs["run"]
+        assert run.done and run.error is None
+    assert [(r.kind, r.reason, r.raw) for r in rejected] == [("rollout", "unknown-key", odd)]
+    task, rollout = orjson.loads(odd)["task"], orjson.loads(odd)["rollout"]
+    assert f"run 'run': rollout key (task {task}, rollout {rollout})" in rejected[0].detail
+    assert_batch_files(tmp_path / "out" / "run", batch)
+
+
+def replayed(
+    pipeline: Pipeline, feed: list[tuple[EventKind, bytes, str | None, int | None]]
+) -> Iterator[Stray]:
+    """Apply ``feed`` (kind, raw, unit, offset) and yield the strays the engine hands over,
+    parked by the transport as :class:`~rewardstream.processors.stream.StreamProcessor` does."""
+    raws = {(unit, offset): raw for _, raw, unit, offset in feed}
+    for kind, raw, unit, offset in feed:
+        run = pipeline.handle(kind, raw, unit, offset)
+        strays, pipeline.strays = pipeline.strays, []
+        for stray in strays:
+            pipeline.reject_stray(stray, raws[stray.unit, stray.offset])
+            yield stray
+        if run is not None:
+            finish(pipeline, run)
+
+
+def offsets(
+    events: list[tuple[EventKind, bytes]],
+) -> list[tuple[EventKind, bytes, str | None, int | None]]:
+    """Each event with its unit and its offset there."""
+    at: dict[str, int] = {}
+    out: list[tuple[EventKind, bytes, str | None, int | None]] = []
+    for kind, raw in events:
+        unit = unit_of(kind, raw)
+        offset = None if unit is None else at.setdefault(unit, 0)
+        if unit is not None:
+            at[unit] += 1
+        out.append((kind, raw, unit, offset))
+    return out
+
+
+@pytest.mark.parametrize("where", ["task", "rollout"])
+def test_rollouts_before_their_rows_wait_and_a_replay_parks_the_foreign_one_once(
+    tmp_path: Path, where: Where
+) -> None:
+    """Rollouts first (rows on another topic, read later): none counts and none is judged
+    until every row is known; then only the foreign one is parked, once. A rebuild of the
+    units from the same offsets (a restart, or a new owner after a rebalance) with the parked
+    offsets its last owner committed parks it no more, and both finish with the batch files."""
+    events, batch = collection(tmp_path / "data")
+    odd = foreign(events, where)
+    rows = [e for e in events if e[0] == "input"]
+    started = [e for e in events if e[0] == "control"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    real_last = rollouts.pop(random.Random(1).randrange(len(rollouts)))
+    # a real rollout is missing while the foreign one and every row are in: not complete
+    order = [*started, ("rollout", odd), *rollouts, *rows]
+    feed = offsets([*order, real_last])
+    rejected: list[Rejected] = []
+    with Pipeline(tmp_path / "a", on_reject=rejected.append) as first:
+        parked = list(replayed(first, feed[: len(order)]))
+        run = first.runs["run"]
+        assert run.expected is not None and run.inputs == run.expected
+        assert run.rollouts == run.expected - 1 and not run.complete and not run.done
+        assert [r.reason for r in rejected] == ["unknown-key"] and rejected[0].raw == odd
+        assert len(parked) == 1
+        committed = {n: set(u.parked) for n, u in first.units.items()}
+        assert committed[parked[0].unit] == {parked[0].offset}
+        list(replayed(first, feed[len(order) :]))
+        assert first.runs["run"].done
+    assert_batch_files(tmp_path / "a" / "run", batch)
+    again: list[Rejected] = []
+    with Pipeline(tmp_path / "b", on_reject=again.append) as second:
+        for name, held in committed.items():  # what the commit's metadata gives a new owner
+            second.unit(name).parked |= held
+        assert not list(replayed(second, feed)) and again == []
+        assert second.runs["run"].done
+    assert_batch_files(tmp_path / "b" / "run", batch)
+
+
+def test_a_rollout_before_its_row_is_held_uncounted_then_counts(tmp_path: Path) -> None:
+    events, _ = collection(tmp_path / "data")
+    rows = [e for e in events if e[0] == "input"]
+    started = [e for e in events if e[0] == "control"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    rejected: list[Rejected] = []
+    with Pipeline(tmp_path / "out", on_reject=rejected.append) as pipeline:
+        for kind, raw in [*started, *rollouts]:
+            pipeline.handle(kind, raw, unit_of(kind, raw))
+        run = pipeline.runs["run"]
+        assert run.rollouts == 0 and not run.complete and not run.rows_known
+        for kind, raw in rows:
+            pipeline.handle(kind, raw, unit_of(kind, raw))
+        assert run.complete and rejected == []
+
+
+@pytest.mark.kafka
+def test_a_real_processor_parks_each_foreign_rollout_once_and_writes_the_batch_files(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """Four runs on real Kafka, each with one foreign rollout (a task past the last, a rollout
+    index past the repeats; before or after the last real rollout). The runs whose last real
+    rollout is held back stay open, counting only real rollouts; their processor stops and a
+    new one takes the partitions over, rebuilding them from Kafka: it parks nothing again. Every
+    run ends with the batch files, and each foreign rollout is one ``unknown-key`` dead letter."""
+    prefix = unique_name("keys")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(create_topics(kafka_bootstrap, topics))
+    events, batch = collection(tmp_path / "data")
+    cases: dict[str, tuple[Where, When]] = {
+        "task-before": ("task", "before"),
+        "task-after": ("task", "after"),
+        "rollout-before": ("rollout", "before"),
+        "rollout-after": ("rollout", "after"),
+    }
+    odd: dict[str, bytes] = {}
+    first: list[tuple[EventKind, bytes, bytes]] = []
+    held: list[tuple[EventKind, bytes, bytes]] = []  # the last real rollouts of "before" runs
+    for run_id, (where, when) in cases.items():
+        mine = [
+            (k, raw.replace(b'"run_id":"run"', f'"run_id":"{run_id}"'.encode()))
+            for k, raw in events
+        ]
+        odd[run_id] = foreign(mine, where)
+        sent = keyed(with_foreign(mine, odd[run_id], when), run_id)
+        if when == "before":
+            held.append(sent.pop())
+        first += sent
+    logs = [tmp_path / "one.log", tmp_path / "two.log"]
+    one = Processor(kafka_bootstrap, prefix, tmp_path / "out", logs[0])
+    processors.append(one)
+    send(kafka_bootstrap, topics, first)
+    expected = len([e for e in events if e[0] == "input"])
+    try:
+        one.wait(lambda runs: all(runs.get(r, {}).get("done") for r in cases if "after" in r))
+        letters = asyncio.run(dead_letters(kafka_bootstrap, topics.dead_letters, len(cases)))
+        for run_id in (r for r in cases if "before" in r):
+            run = one.runs()[run_id]
+            assert (run["rollouts"], run["inputs"], run["done"]) == (expected - 1, expected, False)
+        scraped = metrics(one.url)
+        ratios = {
+            dict(labels)["run_id"]: value
+            for (name, labels), value in scraped.items()
+            if name == "rewardstream_run_completion_ratio"
+        }
+        for run_id in cases:  # never counting the foreign rollout, never above 1
+            full = expected - ("before" in run_id)
+            assert ratios[run_id] == full / expected
+        rejected = (
+            "rewardstream_events_rejected_total",
+            (("kind", "rollout"), ("reason", "unknown-key")),
+        )
+        assert scraped[rejected] == len(cases)
+        one.kill(signal.SIGTERM)  # leaves the group, committing where to rebuild from
+        two = Processor(kafka_bootstrap, prefix, tmp_path / "out", logs[1])
+        processors.append(two)
+        two.wait(lambda runs: all(r in runs for r in cases))
+        send(kafka_bootstrap, topics, held)
+        two.wait(lambda runs: all(runs[r]["done"] for r in cases))
+        letters = asyncio.run(dead_letters(kafka_bootstrap, topics.dead_letters, len(cases)))
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\n" + "\n".join(p.read_text()[-3000:] for p in logs if p.exists())
+        ) from None
+    for run_id in cases:
+        assert_batch_files(tmp_path / "out" / run_id, batch)
+    headers = [dict(r.headers) for r in letters]
+    assert sorted(r.value for r in letters) == sorted(odd.values())  # each once
+    assert {(h["reason"], h["kind"]) for h in headers} == {(b"unknown-key", b"rollout")}
+    for run_id, raw in odd.items():
+        (detail,) = [
+            h["detail"].decode() for h, r in zip(headers, letters, strict=True) if r.value == raw
+        ]
+        event = orjson.loads(raw)
+        assert (
+            f"run '{run_id}': rollout key (task {event['task']}, rollout {event['rollout']})"
+            in detail
+        )
+    assert metrics(two.url)[rejected] == 0  # the rebuild parked nothing again
