@@ -515,7 +515,7 @@ class Run:
         :meth:`Part.summary`); once done, its final record's, when that has them (exact, and
         known to every processor, even one started after it)."""
         if self.terminal is not None and self.terminal.agents is not None:
-            return merge_agents([self.terminal.agents])
+            return dict(sorted(self.terminal.agents.items()))  # as read: a merge drops spreads
         mine = [p.summary(now, figures, len(self.parts)) for p in self.parts.values()]
         return merge_agents([*mine, *self.foreign_live.values()])
 

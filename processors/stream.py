@@ -64,7 +64,7 @@ from rewardstream.engine_contract import (
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import make_app, serve
-from rewardstream.processors.live import AgentLive, of_state
+from rewardstream.processors.live import AgentLive, final_agents, final_figures, of_state
 from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
 from rewardstream.processors.pipeline import (
     STALL_AFTER,
@@ -614,7 +614,7 @@ class StreamProcessor:
             {n: u.cut for n, u in record.units.items()},
             record.stem,
             record.state == "evicted",
-            {a: AgentLive.from_wire(w) for a, w in record.agents.items()} or None,
+            final_agents(record),
         )
         run = self.pipeline.runs.get(record.run_id)
         if run is None or run.terminal is None:
@@ -729,7 +729,7 @@ class StreamProcessor:
             state="final",
             stem=stem,
             partial=partial,
-            agents={agent: s.to_wire() for agent, s in agents.items()},
+            **final_figures(agents),
             inputs=sum(c.inputs for c in counts.values()),
             rollouts=sum(c.rollouts for c in counts.values()),
             units={

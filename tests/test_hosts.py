@@ -276,7 +276,7 @@ def _figures(p: Processor, run_id: str) -> dict[str, Any]:
     per agent, as text: the exact float) and ``/runs/<id>``."""
     with urllib.request.urlopen(f"{p.url}/metrics", timeout=10) as r:
         families = text_string_to_metric_families(r.read().decode())
-    completion, means = None, {}
+    completion, means, spread = None, {}, {}
     for family in families:
         for sample in family.samples:
             if sample.labels.get("run_id") != run_id:
@@ -285,7 +285,12 @@ def _figures(p: Processor, run_id: str) -> dict[str, Any]:
                 completion = sample.value
             elif sample.name == "rewardstream_reward_mean":
                 means[sample.labels["agent"]] = sample.value
-    return {"completion": completion, "means": means, "detail": run_detail(p.url, run_id)}
+            elif sample.name == "rewardstream_task_mean_reward_count" or (
+                sample.name == "rewardstream_tasks" and sample.labels["kind"] == "all_max"
+            ):
+                spread[sample.name, sample.labels["agent"]] = sample.value
+    detail = run_detail(p.url, run_id)
+    return {"completion": completion, "means": means, "spread": spread, "detail": detail}
 
 
 def _the_finals(figures: dict[str, Any], batch: dict[str, Any], expected: int) -> bool:
@@ -298,6 +303,13 @@ def _the_finals(figures: dict[str, Any], batch: dict[str, Any], expected: int) -
     if figures["means"].keys() != batch.keys() or agents.keys() != batch.keys():
         return False
     if sum(a["rollouts"] for a in agents.values()) != expected or detail["rollouts"] != expected:
+        return False
+    # the series that need the whole run (all_max, the per-task mean histogram) are there too
+    spread = figures["spread"]
+    if any(("rewardstream_tasks", name) not in spread for name in batch) or any(
+        spread.get(("rewardstream_task_mean_reward_count", name)) != a["tasks"]["tasks"]
+        for name, a in agents.items()
+    ):
         return False
     return all(
         math.isclose(figures["means"][name], row["mean/reward"], rel_tol=1e-12)
