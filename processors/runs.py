@@ -348,9 +348,10 @@ class Part:
 class Unit:
     """One topic-partition (``input-3``, ``rollout-0``): its position and its runs' parts."""
 
-    def __init__(self, name: str, folder: Path) -> None:
+    def __init__(self, name: str, folder: Path, since: float = 0.0) -> None:
         self.name = name
         self.folder = folder  # runs' spill files go to <folder>/<run_id>/.state/
+        self.since = since  # when this process began to own it (by the engine's clock)
         self.position = 0  # next offset to consume
         self.parts: dict[str, Part] = {}
 
@@ -398,7 +399,7 @@ done, the final comes once every rollout is consumed; ``final``: its profile is 
 
 class Run:
     """One collection (``run_id``): control state, and its parts held by this process.
-    ``seen``: when this process last heard of it (by the engine's clock)."""
+    ``seen``: when its last event happened, as this process knows (by the engine's clock)."""
 
     def __init__(self, run_id: str, seen: float) -> None:
         self.run_id = run_id
@@ -409,7 +410,8 @@ class Run:
         self.finish_at: dict[str, int] | None = {}
         self.terminal: Done | None = None  # its final (or evicted) record, once known
         self.replays = 0  # events read again after a restart that its final profile holds
-        self.seen = seen  # when this process last heard of the run (an event, a peer's count)
+        self.seen = seen  # when its last event happened, as this process knows (see heard)
+        self._heard = False  # an event of it came: seen is no longer when the run was made
         self.error: str | None = None  # why its final profile could not be built
         self._failed_at: tuple[int, int] | None = None  # (inputs, rollouts) when it failed
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
@@ -453,6 +455,13 @@ class Run:
         """The run has its terminal record (final, written here or by another processor; or
         evicted)."""
         return self.terminal is not None
+
+    def heard(self, at: float) -> None:
+        """An event of it happened at ``at`` (by the engine's clock; long before now for one
+        replayed): :attr:`seen` is the newest such time, the first replacing the time the run
+        was made."""
+        self.seen = max(self.seen, at) if self._heard else at
+        self._heard = True
 
     def state(self, now: float, stall_after: float) -> RunState:
         """Where the run is (see :data:`RunState`) at ``now`` (the clock of :attr:`seen`): open

@@ -838,7 +838,9 @@ class StreamProcessor:
             for records in batch.values():
                 for record in records:
                     self._at = record
-                    run = self.pipeline.handle("control", record.value or b"")
+                    run = self.pipeline.handle(
+                        "control", record.value or b"", timestamp=record.timestamp
+                    )
                     if run is not None and run.finished and not run.finish_at:
                         run.finish_at = ends
             if self._rejected:
@@ -924,11 +926,13 @@ class StreamProcessor:
             batch = (
                 self.pipeline.handle_rollouts if kind == "rollout" else self.pipeline.handle_inputs
             )
-            runs = batch([r.value or b"" for r in part], name, part[0].offset)
+            stamps = [r.timestamp for r in part]
+            runs = batch([r.value or b"" for r in part], name, part[0].offset, stamps)
             if runs is None:  # a slice with an event to reject (named by self._at), one by one
                 for record in part:
                     self._at = record
-                    self.pipeline.handle(kind, record.value or b"", name, record.offset)
+                    value = record.value or b""
+                    self.pipeline.handle(kind, value, name, record.offset, record.timestamp)
             self.consumed += len(part)
             unit.position = part[-1].offset + 1
             self._moved.add(name)

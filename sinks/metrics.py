@@ -107,8 +107,8 @@ class _LiveCollector(Collector):
         )
         age = GaugeMetricFamily(
             "rewardstream_run_last_event_age_seconds",
-            "seconds since this processor last heard of an event of a run without its final "
-            "(its own or, through member records, a peer's)",
+            "seconds since the last event of a run without its final, as this processor knows "
+            "(its own, dated by Kafka when read again after a restart, or a peer's)",
             labels=["run_id"],
         )
         failed = CounterMetricFamily(

@@ -305,3 +305,6 @@ def test_a_final_run_keeps_every_task_series_it_showed_while_open(tmp_path: Path
         with Pipeline(tmp_path / "none") as other:
             other.mark_final("r", Done(0, 0, {}, {}, "r", agents=final_agents(wire)))
             assert tasks(Metrics(lambda: other.runs)) == shown
+        older = {k: v for k, v in orjson.loads(encode_record(record)).items() if k != "spread"}
+        agents = final_agents(decode_final(orjson.dumps(older), "p"))  # an older processor's
+        assert agents is not None and all(a.spread is None for a in agents.values())
