@@ -384,10 +384,12 @@ class Done(NamedTuple):
 
 
 class Counts(NamedTuple):
-    """How many distinct input rows and rollouts one unit holds of a run."""
+    """How many distinct input rows and rollouts one unit holds of a run, and how many events
+    it dropped as seen before."""
 
     inputs: int
     rollouts: int
+    duplicates: int = 0
 
 
 RunState = Literal["open", "stalled", "finished", "final", "evicted"]
@@ -500,10 +502,12 @@ class Run:
 
     @property
     def duplicates(self) -> int:
-        """Events dropped as seen before: in this process's parts; once final, in the final's."""
+        """Events dropped as seen before: in this process's parts and, as last heard, its
+        peers'; once final, in the final's."""
         if (final := self._final) is not None:
             return sum(u.duplicates for u in final.units.values())
-        return sum(p.duplicates for p in self.parts.values())
+        local = sum(p.duplicates for p in self.parts.values())
+        return local + sum(c.duplicates for c in self.foreign.values())
 
     @property
     def complete(self) -> bool:

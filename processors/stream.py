@@ -453,7 +453,10 @@ class StreamProcessor:
             held = {run_id: part for run_id, part in unit.parts.items() if part.final is None}
             units[name] = UnitProgress(
                 position=unit.position,
-                runs={run_id: (part.inputs, part.rollouts) for run_id, part in held.items()},
+                runs={
+                    run_id: (part.inputs, part.rollouts, part.duplicates)
+                    for run_id, part in held.items()
+                },
                 live={
                     run_id: {
                         agent: s.to_wire() for agent, s in part.summary(now, True, sharing).items()

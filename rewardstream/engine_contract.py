@@ -131,13 +131,14 @@ class AgentSpread(BaseModel):
 
 
 class UnitProgress(BaseModel):
-    """One owned unit: the next offset to consume, per run [inputs, rollouts] held, and per run
-    and agent the live figures of its part."""
+    """One owned unit: the next offset to consume, per run [inputs, rollouts] held and events
+    dropped as seen before (an older record has no third figure), and per run and agent the
+    live figures of its part."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     position: Annotated[int, Field(ge=0)]
-    runs: dict[str, tuple[int, int]]
+    runs: dict[str, tuple[int, int, int] | tuple[int, int]]
     live: dict[str, dict[str, AgentProgress]] = {}
 
 

@@ -369,3 +369,31 @@ def test_every_member_shows_the_finals_figures_after_members_join_and_leave(
     c.wait(split(a, c), timeout=120)
     c.wait(_done("run"))
     until_final((a, c))
+
+
+def test_an_open_runs_duplicates_are_the_whole_runs_on_every_member(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """Rollouts published twice, over every partition: each member's ``/runs`` counts the run's
+    every duplicate while it is open (its own and its peer's, from the member records), not
+    its share."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=100, repeats=2, seed=7)
+    events = file_events(inputs, rollouts, "run", "r", finish=False)
+    n_in = sum(1 for k, _ in events if k == "input")
+    prefix = unique_name("rs")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, PARTITIONS))
+    members = _start(kafka_bootstrap, prefix, tmp_path, ["a", "b"], processors)
+    body = events[: n_in + 150]  # open: 150 of 200 rollouts
+    send_events(kafka_bootstrap, topics, [*body, events[-1], *body[n_in : n_in + 60]], "run")
+
+    def counted(runs: Runs) -> bool:
+        run = runs.get("run", {})
+        return run.get("rollouts") == 150 and run.get("duplicates_dropped") == 60
+
+    for p in members:
+        p.wait(counted)
+        assert p.runs()["run"]["done"] is False

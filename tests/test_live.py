@@ -12,7 +12,15 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rewardstream.contract import AttemptFailed, RunFinished, encode
-from rewardstream.engine_contract import AgentProgress, FinalRecord, decode_final, encode_record
+from rewardstream.engine_contract import (
+    AgentProgress,
+    FinalRecord,
+    MemberRecord,
+    UnitProgress,
+    decode_final,
+    decode_member,
+    encode_record,
+)
 from rewardstream.processors.inprocess import finish
 from rewardstream.processors.live import (
     AgentLive,
@@ -308,3 +316,17 @@ def test_a_final_run_keeps_every_task_series_it_showed_while_open(tmp_path: Path
         older = {k: v for k, v in orjson.loads(encode_record(record)).items() if k != "spread"}
         agents = final_agents(decode_final(orjson.dumps(older), "p"))  # an older processor's
         assert agents is not None and all(a.spread is None for a in agents.values())
+
+
+def test_member_records_carry_duplicates_and_older_ones_are_read() -> None:
+    """A unit's per-run counts are [inputs, rollouts, duplicates]; a record of an older
+    processor, [inputs, rollouts], is read with no duplicates."""
+    unit = UnitProgress(position=9, runs={"r": (4, 5, 2)})
+    record = MemberRecord(
+        prefix="p", group="g", member="m", generation=1, url=None, units={}, at=0.0
+    )
+    raw = orjson.loads(encode_record(record.model_copy(update={"units": {"input-0": unit}})))
+    assert Counts(*decode_member(orjson.dumps(raw), "p").units["input-0"].runs["r"]) == (4, 5, 2)
+    raw["units"]["input-0"]["runs"]["r"] = [4, 5]
+    older = decode_member(orjson.dumps(raw), "p").units["input-0"].runs["r"]
+    assert Counts(*older) == Counts(4, 5, 0)
