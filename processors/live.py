@@ -7,8 +7,9 @@ its own parts' with its peers' to show the whole run: moments with Chan's merge,
 by adding (a task lives in one partition, so the sets of tasks are disjoint). Pure, no I/O.
 
 Of :class:`~rewardstream.processors.difficulty.Difficulty`, the whole-run summary keeps what
-adds up: ``all_max``/``all_min`` depend on the group's extremes, which no part knows, and are
-left to the final ``task_difficulty.json``. pass@k is summed per k over the parts having k in
+adds up: ``all_max``/``all_min`` depend on the group's extremes, which no part knows, so only a
+final's exact summary has them (:attr:`AgentLive.spread`, with the per-task mean reward as
+Prometheus buckets, which /metrics shows). pass@k is summed per k over the parts having k in
 their :func:`~rewardstream.processors.passk.curve_ks`: all parts agree on it when every task
 has the same number of rollouts (the usual ``num_repeats``); otherwise a k that is not a power
 of two may cover only some parts.
@@ -21,14 +22,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rewardstream.engine_contract import AgentProgress
+from rewardstream.engine_contract import AgentProgress, AgentSpread, FinalRecord
 from rewardstream.processors.difficulty import EDGES
 from rewardstream.processors.passk import curve_ks
 from rewardstream.processors.profile import TOKEN_BINS, TaskFigures, live_figures
 from rewardstream.processors.state import ProfileState
 from rewardstream.processors.welford import Moments, RunningStats
 
-__all__ = ["AgentLive", "History", "merge_agents", "of_state", "summarize"]
+__all__ = [
+    "AgentLive",
+    "History",
+    "final_agents",
+    "final_figures",
+    "merge_agents",
+    "of_state",
+    "summarize",
+]
 
 _BINS = len(EDGES) - 1
 
@@ -52,9 +61,11 @@ class AgentLive:
     above: int = 0
     passes: dict[int, tuple[float, int]] = field(default_factory=dict)
     tokens: dict[int, tuple[int, float]] = field(default_factory=dict)
+    spread: AgentSpread | None = None  # a whole run's (a final's) only: see the module docstring
 
     def merge(self, other: AgentLive) -> None:
-        """Add another, disjoint, set of parts."""
+        """Add another, disjoint, set of parts (the sum has no :attr:`spread`)."""
+        self.spread = None
         self.rollouts += other.rollouts
         self.reward.merge(other.reward)
         self.tasks += other.tasks
@@ -175,8 +186,35 @@ def summarize(
 
 def of_state(state: ProfileState) -> dict[str, AgentLive]:
     """Per agent, the exact summary of one state (a run's parts merged, when its final is
-    written: what every processor then shows of the done run)."""
-    return summarize(state.live(), live_figures([state], curve_ks))
+    written: what every processor then shows of the done run), with its :attr:`spread`."""
+    figures = live_figures([state], curve_ks)
+    out = summarize(state.live(), figures)
+    for agent, fig in figures.items():
+        d = fig.difficulty
+        out[agent].spread = AgentSpread(
+            all_max=d["all_max"],
+            all_min=d["all_min"],
+            mean_le=fig.mean_le,
+            mean_sum=_finite(fig.mean_sum),
+        )
+    return out
+
+
+def final_figures(agents: Mapping[str, AgentLive]) -> dict[str, Any]:
+    """A final record's ``agents`` and ``spread`` fields, from :func:`of_state`."""
+    return {
+        "agents": {agent: s.to_wire() for agent, s in agents.items()},
+        "spread": {agent: s.spread for agent, s in agents.items() if s.spread is not None},
+    }
+
+
+def final_agents(record: FinalRecord) -> dict[str, AgentLive] | None:
+    """The whole run's summary a final record carries (None: an evicted run's, which has
+    none); a record without ``spread`` (an older processor's) gives summaries without it."""
+    agents = {a: AgentLive.from_wire(w) for a, w in record.agents.items()}
+    for agent, live in agents.items():
+        live.spread = record.spread.get(agent)
+    return agents or None
 
 
 def merge_agents(summaries: Iterable[Mapping[str, AgentLive]]) -> dict[str, AgentLive]:

@@ -72,7 +72,7 @@ class LiveView:
             "done": run.done,
             # open, stalled, finished, final, evicted (rewardstream.processors.runs.RunState)
             "state": state,
-            # whole seconds since this processor last heard of an event of it (None once done)
+            # whole seconds since its last event, as this processor knows (None once done)
             "last_event_seconds": None if run.done else int(self.pipeline.idle(run)),
             "rate": rate,
             "eta_seconds": left / rate if rate and left > 0 else None,

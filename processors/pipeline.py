@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
@@ -36,6 +36,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from rewardstream.contract import (
+    Input,
     RejectReason,
     Rollout,
     RunFinished,
@@ -152,7 +153,8 @@ class Pipeline:
     scratch for the parts' spill files (default: ``output_dir``). ``max_event_bytes``: larger
     events are rejected unparsed (reason "oversized"); None: no limit. ``stall_after``: seconds
     without an event after which an open run is ``stalled``; ``clock``: what times events and
-    states (monotonic seconds; a test gives its own, so nothing waits for real time).
+    states (monotonic seconds; a test gives its own, so nothing waits for real time). Events
+    may come with their Kafka timestamps, which date those read again (see :meth:`_when`).
     """
 
     def __init__(
@@ -168,6 +170,7 @@ class Pipeline:
     ) -> None:
         self.output_dir = output_dir
         self.stall_after, self.clock = stall_after, clock
+        self.started = clock()  # control events are read from the topic's start from here
         self.aggregate_metrics = aggregate_metrics  # for every run, not only those asking
         self.state_dir = state_dir or output_dir
         self.max_event_bytes = max_event_bytes
@@ -213,7 +216,7 @@ class Pipeline:
         """The owned unit ``name``, created empty if new (assigned, or first event in process)."""
         unit = self.units.get(name)
         if unit is None:
-            unit = self.units[name] = Unit(name, self.state_dir)
+            unit = self.units[name] = Unit(name, self.state_dir, self.clock())
             self.remote.pop(name, None)
             for run in self.runs.values():
                 run.foreign.pop(name, None)
@@ -235,7 +238,8 @@ class Pipeline:
         for run in self.runs.values():
             foreign = self._foreign(run.run_id)
             if foreign != run.foreign:  # a peer consumed some: the run is alive
-                run.foreign, run.seen = foreign, now
+                run.foreign = foreign
+                run.heard(now)
                 self.judge(run)  # the peers' rows may complete the run's
             run.foreign_live = self._foreign_live(run.run_id)
 
@@ -254,11 +258,16 @@ class Pipeline:
 
     # -- events -------------------------------------------------------------------------------
     def handle(
-        self, kind: EventKind, raw: bytes, unit: str | None = None, offset: int | None = None
+        self,
+        kind: EventKind,
+        raw: bytes,
+        unit: str | None = None,
+        offset: int | None = None,
+        timestamp: int | None = None,
     ) -> Run | None:
-        """Apply one event from ``unit`` (default ``<kind>-0``) at ``offset`` (None in process);
-        returns its run (None when rejected). Control events belong to no unit: every processor
-        reads all of them.
+        """Apply one event from ``unit`` (default ``<kind>-0``) at ``offset`` (None in process),
+        Kafka ``timestamp`` (:meth:`_when`); returns its run (None when rejected). Control
+        events belong to no unit: every processor reads all of them.
 
         Data of a run not announced yet is kept: the publisher sends ``run_started`` after the
         inputs, and topics are not ordered with each other. A ``run_finished`` whose run never
@@ -309,17 +318,22 @@ class Pipeline:
             self._reject(kind, reject_reason(exc), raw, " ".join(str(exc).split())[:500])
             return None
         run = self.run(run_id)
-        run.seen = self.clock()
+        since = self.units[unit].since if unit in self.units else self.started
+        run.heard(self._when(timestamp, since))
         self.judge(run)
         return run
 
     def handle_inputs(
-        self, raws: Sequence[bytes], unit: str, first: int | None = None
+        self,
+        raws: Sequence[bytes],
+        unit: str,
+        first: int | None = None,
+        timestamps: Sequence[int] | None = None,
     ) -> list[Run] | None:
         """Apply a batch of input events from ``unit`` as :meth:`handle_rollouts` applies
-        rollouts: decoded in one go, every row checked (:func:`checked_row`) before any is
-        applied; None, having applied nothing, when an event needs :meth:`handle` (one to
-        reject, or of a run that has its terminal record)."""
+        rollouts (with their Kafka ``timestamps``): decoded in one go, every row checked
+        (:func:`checked_row`) before any is applied; None, having applied nothing, when an
+        event needs :meth:`handle` (one to reject, or of a run that has its terminal record)."""
         if self._oversized(raws):
             return None
         events = decode_inputs(raws)
@@ -343,7 +357,7 @@ class Pipeline:
                 duplicates += 1
         if duplicates and self.metrics:
             self.metrics.duplicate("input", duplicates)
-        runs = self._touched(parts)
+        runs = self._touched(parts, unit, _newest(events, timestamps))
         for run in runs:
             self.judge(run)
         return runs
@@ -387,11 +401,16 @@ class Pipeline:
         return True
 
     def handle_rollouts(
-        self, raws: Sequence[bytes], unit: str, first: int | None = None
+        self,
+        raws: Sequence[bytes],
+        unit: str,
+        first: int | None = None,
+        timestamps: Sequence[int] | None = None,
     ) -> list[Run] | None:
         """Apply a batch of rollout events from ``unit`` (the first at offset ``first``; a part
-        starts at the batch's first offset, which a replay start may take), in order: the Kafka
-        processor's hot path (about half the cost per event of :meth:`handle`). Returns the runs
+        starts at the batch's first offset, which a replay start may take; Kafka ``timestamps``
+        as :meth:`handle`'s), in order: the Kafka processor's hot path (about half the cost per
+        event of :meth:`handle`). Returns the runs
         touched, or None, having applied nothing, when any event needs :meth:`handle`'s
         one-by-one path (one that is rejected, or whose ``info`` is not written as orjson
         writes it, or one of a run that has its final record, or one whose materialized row
@@ -404,7 +423,8 @@ class Pipeline:
         by_run = _by_run(events)
         if self._any_terminal(by_run) or not self._rows_here(unit, by_run):
             return None
-        return self._fold(unit, by_run, first)
+        runs = self._fold(unit, by_run, first)
+        return self._touched(runs, unit, _newest(events, timestamps))
 
     def _rows_here(self, unit: str, by_run: dict[str, list[Rollout]]) -> bool:
         """Every rollout's materialized row is in the input part of its run and partition."""
@@ -465,13 +485,29 @@ class Pipeline:
         """One of the runs has its terminal record: its events need :meth:`_after_final`."""
         return any((r := self.runs.get(run_id)) is not None and r.terminal for run_id in run_ids)
 
-    def _touched(self, run_ids: Iterable[str]) -> list[Run]:
-        """The runs a batch added to, marked as heard of now (eviction counts from there)."""
-        now = self.clock()
+    def _touched(
+        self, run_ids: Iterable[str], unit: str, newest: Mapping[str, int] | None
+    ) -> list[Run]:
+        """The runs a batch from ``unit`` added to, heard of (stalls and eviction count from
+        there): ``newest`` is per run its newest event's Kafka timestamp (None: now)."""
+        since = self.units[unit].since
         runs = [self.run(run_id) for run_id in run_ids]
         for run in runs:
-            run.seen = now
+            run.heard(self._when(None if newest is None else newest[run.run_id], since))
         return runs
+
+    def _when(self, timestamp: int | None, since: float) -> float:
+        """When an event happened, by the engine's clock, from its Kafka ``timestamp`` (ms
+        since the epoch; None: now), read from a unit (or the control topic) consumed here
+        since ``since``: one from before that, read again after a restart or a rebalance, is
+        as old as Kafka says (a run dead for an hour is stalled at once); a later one is heard
+        now (a processor behind its log is late, its runs are not idle). A publisher's clock
+        behind this host's dates its events that much earlier, for that long after a start."""
+        now = self.clock()
+        if timestamp is None or timestamp < 0:
+            return now
+        at = now - max(0.0, time.time() - timestamp / 1000)
+        return at if at < since else now
 
     def _fold(
         self,
@@ -479,10 +515,10 @@ class Pipeline:
         by_run: dict[str, list[Rollout]],
         first: int | None,
         raw: bytes | None = None,
-    ) -> list[Run]:
-        """Add decoded rollouts, by run, to their runs' parts (dropping those seen before); with
-        ``raw``, one event (at offset ``first``) whose row may not be here: held unmatched
-        (its offset, or its bytes when it has none)."""
+    ) -> list[str]:
+        """Add decoded rollouts, by run, to their runs' parts (dropping those seen before); the
+        runs' ids. With ``raw``, one event (at offset ``first``) whose row may not be here:
+        held unmatched (its offset, or its bytes when it has none)."""
         for run_id, mine in by_run.items():
             part = self._part(unit, run_id, first)
             before = part.duplicates
@@ -493,7 +529,7 @@ class Pipeline:
                 self.metrics.rollouts(new)
                 if part.duplicates > before:
                     self.metrics.duplicate("rollout", part.duplicates - before)
-        return self._touched(by_run)
+        return list(by_run)
 
     def _announced(self, run_id: str) -> bool:
         """A run_started was seen, or the run has its terminal record (its run_started may have
@@ -642,6 +678,21 @@ def _rows_unit(rollouts_unit: str) -> str:
 
 def _rollouts_unit(rows_unit: str) -> str:
     return "rollout-" + rows_unit.rpartition("-")[2]
+
+
+def _newest(
+    events: Sequence[Input | Rollout], timestamps: Sequence[int] | None
+) -> dict[str, int] | None:
+    """Per run, the newest Kafka timestamp of its events (``events[i]``'s is
+    ``timestamps[i]``); None without timestamps."""
+    if timestamps is None:
+        return None
+    if events and all(e.run_id == events[0].run_id for e in events):  # the usual batch
+        return {events[0].run_id: max(timestamps)}
+    newest: dict[str, int] = {}
+    for event, stamp in zip(events, timestamps, strict=True):
+        newest[event.run_id] = max(stamp, newest.get(event.run_id, stamp))
+    return newest
 
 
 def _by_run(events: list[Rollout]) -> dict[str, list[Rollout]]:

@@ -395,9 +395,10 @@ class Part:
 class Unit:
     """One topic-partition (``input-3``, ``rollout-0``): its position and its runs' parts."""
 
-    def __init__(self, name: str, folder: Path) -> None:
+    def __init__(self, name: str, folder: Path, since: float = 0.0) -> None:
         self.name = name
         self.folder = folder  # runs' spill files go to <folder>/<run_id>/.state/
+        self.since = since  # when this process began to own it (by the engine's clock)
         self.position = 0  # next offset to consume
         self.parts: dict[str, Part] = {}
         # offsets of its events parked as ``unknown-key`` (here, or by an owner before: the
@@ -433,10 +434,12 @@ class Done(NamedTuple):
 
 
 class Counts(NamedTuple):
-    """How many distinct input rows and rollouts one unit holds of a run."""
+    """How many distinct input rows and rollouts one unit holds of a run, and how many events
+    it dropped as seen before."""
 
     inputs: int
     rollouts: int
+    duplicates: int = 0
 
 
 RunState = Literal["open", "stalled", "finished", "final", "evicted"]
@@ -448,7 +451,7 @@ done, the final comes once every rollout is consumed; ``final``: its profile is 
 
 class Run:
     """One collection (``run_id``): control state, and its parts held by this process.
-    ``seen``: when this process last heard of it (by the engine's clock)."""
+    ``seen``: when its last event happened, as this process knows (by the engine's clock)."""
 
     def __init__(self, run_id: str, seen: float) -> None:
         self.run_id = run_id
@@ -459,7 +462,8 @@ class Run:
         self.finish_at: dict[str, int] | None = {}
         self.terminal: Done | None = None  # its final (or evicted) record, once known
         self.replays = 0  # events read again after a restart that its final profile holds
-        self.seen = seen  # when this process last heard of the run (an event, a peer's count)
+        self.seen = seen  # when its last event happened, as this process knows (see heard)
+        self._heard = False  # an event of it came: seen is no longer when the run was made
         self.error: str | None = None  # why its final profile could not be built
         self._failed_at: tuple[int, int] | None = None  # (inputs, rollouts) when it failed
         self.parts: dict[str, Part] = {}  # unit name -> part, for the units this process owns
@@ -504,6 +508,13 @@ class Run:
         evicted)."""
         return self.terminal is not None
 
+    def heard(self, at: float) -> None:
+        """An event of it happened at ``at`` (by the engine's clock; long before now for one
+        replayed): :attr:`seen` is the newest such time, the first replacing the time the run
+        was made."""
+        self.seen = max(self.seen, at) if self._heard else at
+        self._heard = True
+
     def state(self, now: float, stall_after: float) -> RunState:
         """Where the run is (see :data:`RunState`) at ``now`` (the clock of :attr:`seen`): open
         runs with no event for ``stall_after`` seconds are stalled until one comes."""
@@ -541,10 +552,12 @@ class Run:
 
     @property
     def duplicates(self) -> int:
-        """Events dropped as seen before: in this process's parts; once final, in the final's."""
+        """Events dropped as seen before: in this process's parts and, as last heard, its
+        peers'; once final, in the final's."""
         if (final := self._final) is not None:
             return sum(u.duplicates for u in final.units.values())
-        return sum(p.duplicates for p in self.parts.values())
+        local = sum(p.duplicates for p in self.parts.values())
+        return local + sum(c.duplicates for c in self.foreign.values())
 
     @property
     def complete(self) -> bool:
@@ -571,7 +584,7 @@ class Run:
         :meth:`Part.summary`); once done, its final record's, when that has them (exact, and
         known to every processor, even one started after it)."""
         if self.terminal is not None and self.terminal.agents is not None:
-            return merge_agents([self.terminal.agents])
+            return dict(sorted(self.terminal.agents.items()))  # as read: a merge drops spreads
         mine = [p.summary(now, figures, len(self.parts)) for p in self.parts.values()]
         return merge_agents([*mine, *self.foreign_live.values()])
 

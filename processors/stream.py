@@ -65,7 +65,7 @@ from rewardstream.engine_contract import (
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import IDLE_TIMEOUT, make_app, serve
-from rewardstream.processors.live import AgentLive, of_state
+from rewardstream.processors.live import AgentLive, final_agents, final_figures, of_state
 from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
 from rewardstream.processors.pipeline import (
     STALL_AFTER,
@@ -472,7 +472,10 @@ class StreamProcessor:
             held = {run_id: part for run_id, part in unit.parts.items() if part.final is None}
             units[name] = UnitProgress(
                 position=unit.position,
-                runs={run_id: (part.inputs, part.rollouts) for run_id, part in held.items()},
+                runs={
+                    run_id: (part.inputs, part.rollouts, part.duplicates)
+                    for run_id, part in held.items()
+                },
                 live={
                     run_id: {
                         agent: s.to_wire() for agent, s in part.summary(now, True, sharing).items()
@@ -640,7 +643,7 @@ class StreamProcessor:
             {n: u.cut for n, u in record.units.items()},
             record.stem,
             record.state == "evicted",
-            {a: AgentLive.from_wire(w) for a, w in record.agents.items()} or None,
+            final_agents(record),
         )
         run = self.pipeline.runs.get(record.run_id)
         if run is None or run.terminal is None:
@@ -790,7 +793,7 @@ class StreamProcessor:
             state="final",
             stem=stem,
             partial=partial,
-            agents={agent: s.to_wire() for agent, s in agents.items()},
+            **final_figures(agents),
             inputs=sum(c.inputs for c in counts.values()),
             rollouts=sum(c.rollouts for c in counts.values()),
             units={
@@ -899,7 +902,9 @@ class StreamProcessor:
             for records in batch.values():
                 for record in records:
                     self._at = record
-                    run = self.pipeline.handle("control", record.value or b"")
+                    run = self.pipeline.handle(
+                        "control", record.value or b"", timestamp=record.timestamp
+                    )
                     if run is not None and run.finished and not run.finish_at:
                         run.finish_at = ends
             if self._rejected:
@@ -988,11 +993,13 @@ class StreamProcessor:
             batch = (
                 self.pipeline.handle_rollouts if kind == "rollout" else self.pipeline.handle_inputs
             )
-            runs = batch([r.value or b"" for r in part], name, part[0].offset)
+            stamps = [r.timestamp for r in part]
+            runs = batch([r.value or b"" for r in part], name, part[0].offset, stamps)
             if runs is None:  # a slice with an event to reject (named by self._at), one by one
                 for record in part:
                     self._at = record
-                    self.pipeline.handle(kind, record.value or b"", name, record.offset)
+                    value = record.value or b""
+                    self.pipeline.handle(kind, value, name, record.offset, record.timestamp)
             self.consumed += len(part)
             unit.position = part[-1].offset + 1
             self._moved.add(name)

@@ -43,6 +43,7 @@ __all__ = [
     "CHUNK_BYTES",
     "ENGINE_VERSION",
     "AgentProgress",
+    "AgentSpread",
     "EngineTopics",
     "FileRef",
     "FinalRecord",
@@ -113,14 +114,31 @@ class AgentProgress(BaseModel):
     tokens: dict[str, tuple[int, float]] = {}
 
 
+class AgentSpread(BaseModel):
+    """What only the whole run has of one agent's tasks, which a final record carries beside
+    its :class:`AgentProgress` (a member record's parts cannot: these do not add up over
+    parts): ``all_max``/``all_min``, tasks whose rollouts all equal the agent's highest /
+    lowest reward, and the per-task mean reward as Prometheus histogram buckets: ``mean_le``
+    per edge of :data:`rewardstream.processors.difficulty.EDGES` the tasks whose mean is at
+    most it, then every task, and ``mean_sum`` the means' sum (None where not finite)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    all_max: int
+    all_min: int
+    mean_le: Annotated[list[int], Field(min_length=12, max_length=12)]
+    mean_sum: float | None
+
+
 class UnitProgress(BaseModel):
-    """One owned unit: the next offset to consume, per run [inputs, rollouts] held, and per run
-    and agent the live figures of its part."""
+    """One owned unit: the next offset to consume, per run [inputs, rollouts] held and events
+    dropped as seen before (an older record has no third figure), and per run and agent the
+    live figures of its part."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     position: Annotated[int, Field(ge=0)]
-    runs: dict[str, tuple[int, int]]
+    runs: dict[str, tuple[int, int, int] | tuple[int, int]]
     live: dict[str, dict[str, AgentProgress]] = {}
 
 
@@ -173,6 +191,7 @@ class FinalRecord(_Record):
     files: list[FileRef] = []
     chunks_from: int = 0  # offset of the first chunk in <prefix>.profiles (partition 0)
     agents: dict[str, AgentProgress] = {}  # per agent the whole run's figures (a final's)
+    spread: dict[str, AgentSpread] = {}  # and what only the whole run has (none: an older record)
     written_by: StrictStr
     at: float
 

@@ -107,8 +107,8 @@ class _LiveCollector(Collector):
         )
         age = GaugeMetricFamily(
             "rewardstream_run_last_event_age_seconds",
-            "seconds since this processor last heard of an event of a run without its final "
-            "(its own or, through member records, a peer's)",
+            "seconds since the last event of a run without its final, as this processor knows "
+            "(its own, dated by Kafka when read again after a restart, or a peer's)",
             labels=["run_id"],
         )
         failed = CounterMetricFamily(
@@ -188,15 +188,20 @@ class _Tasks(NamedTuple):
 
     @classmethod
     def of_final(cls, live: AgentLive) -> _Tasks:
-        """From a final record, which keeps what adds up (``all_max``/``all_min`` and the
-        histogram are in the final's ``task_difficulty.json``)."""
+        """From a final record (one of an older processor has no :attr:`AgentLive.spread`:
+        no ``all_max``/``all_min`` nor histogram, then)."""
         kinds = {
             "scored": live.scored,
             "single": live.single,
             "zero_variance": live.zero_variance,
             "mixed": live.scored - live.zero_variance,
         }
-        return cls(kinds, live.passes, None)
+        spread = live.spread
+        if spread is None:
+            return cls(kinds, live.passes, None)
+        kinds |= {"all_max": spread.all_max, "all_min": spread.all_min}
+        mean_sum = math.nan if spread.mean_sum is None else spread.mean_sum
+        return cls(kinds, live.passes, (list(map(float, spread.mean_le)), mean_sum))
 
 
 def _task_families(figures: dict[str, dict[str, _Tasks]]) -> Iterator[Metric]:
@@ -207,8 +212,7 @@ def _task_families(figures: dict[str, dict[str, _Tasks]]) -> Iterator[Metric]:
     kinds = GaugeMetricFamily(
         "rewardstream_tasks",
         "tasks by reward spread: scored (2+ rollouts), single, zero_variance (all equal: no "
-        "GRPO signal), mixed, all_max / all_min (all at the agent's highest / lowest reward; "
-        "while open only)",
+        "GRPO signal), mixed, all_max / all_min (all at the agent's highest / lowest reward)",
         labels=["run_id", "agent", "kind"],
     )
     pass_sum = GaugeMetricFamily(
@@ -224,7 +228,7 @@ def _task_families(figures: dict[str, dict[str, _Tasks]]) -> Iterator[Metric]:
     )
     means = HistogramMetricFamily(
         "rewardstream_task_mean_reward",
-        "per-task mean reward (the pass rate, for 0/1 rewards), while the run is open",
+        "per-task mean reward (the pass rate, for 0/1 rewards)",
         labels=["run_id", "agent"],
     )
     bounds = [*map(str, EDGES), "+Inf"]

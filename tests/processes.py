@@ -96,9 +96,14 @@ async def read_topic(
 
 
 def send_events(
-    bootstrap: str, topics: Topics, events: list[tuple[EventKind, bytes]], run_id: str
+    bootstrap: str,
+    topics: Topics,
+    events: list[tuple[EventKind, bytes]],
+    run_id: str,
+    timestamp_ms: int | None = None,
 ) -> None:
-    """Send already encoded events, keyed as the publisher keys them."""
+    """Send already encoded events, keyed as the publisher keys them (with Kafka timestamp
+    ``timestamp_ms``, ms since the epoch: events sent in the past; default now)."""
 
     async def go() -> None:
         topic = {"input": topics.inputs, "rollout": topics.rollouts, "control": topics.control}
@@ -109,7 +114,7 @@ def send_events(
                 event = orjson.loads(raw)
                 task = event.get("task", event.get("row", {}).get("_ng_task_index"))
                 key = run_id.encode() if kind == "control" else task_key(int(task))
-                await producer.send(topic[kind], raw, key=key)
+                await producer.send(topic[kind], raw, key=key, timestamp_ms=timestamp_ms)
         finally:
             await producer.stop()
 

@@ -276,7 +276,7 @@ def _figures(p: Processor, run_id: str) -> dict[str, Any]:
     per agent, as text: the exact float) and ``/runs/<id>``."""
     with urllib.request.urlopen(f"{p.url}/metrics", timeout=10) as r:
         families = text_string_to_metric_families(r.read().decode())
-    completion, means = None, {}
+    completion, means, spread = None, {}, {}
     for family in families:
         for sample in family.samples:
             if sample.labels.get("run_id") != run_id:
@@ -285,7 +285,12 @@ def _figures(p: Processor, run_id: str) -> dict[str, Any]:
                 completion = sample.value
             elif sample.name == "rewardstream_reward_mean":
                 means[sample.labels["agent"]] = sample.value
-    return {"completion": completion, "means": means, "detail": run_detail(p.url, run_id)}
+            elif sample.name == "rewardstream_task_mean_reward_count" or (
+                sample.name == "rewardstream_tasks" and sample.labels["kind"] == "all_max"
+            ):
+                spread[sample.name, sample.labels["agent"]] = sample.value
+    detail = run_detail(p.url, run_id)
+    return {"completion": completion, "means": means, "spread": spread, "detail": detail}
 
 
 def _the_finals(figures: dict[str, Any], batch: dict[str, Any], expected: int) -> bool:
@@ -298,6 +303,13 @@ def _the_finals(figures: dict[str, Any], batch: dict[str, Any], expected: int) -
     if figures["means"].keys() != batch.keys() or agents.keys() != batch.keys():
         return False
     if sum(a["rollouts"] for a in agents.values()) != expected or detail["rollouts"] != expected:
+        return False
+    # the series that need the whole run (all_max, the per-task mean histogram) are there too
+    spread = figures["spread"]
+    if any(("rewardstream_tasks", name) not in spread for name in batch) or any(
+        spread.get(("rewardstream_task_mean_reward_count", name)) != a["tasks"]["tasks"]
+        for name, a in agents.items()
+    ):
         return False
     return all(
         math.isclose(figures["means"][name], row["mean/reward"], rel_tol=1e-12)
@@ -357,3 +369,31 @@ def test_every_member_shows_the_finals_figures_after_members_join_and_leave(
     c.wait(split(a, c), timeout=120)
     c.wait(_done("run"))
     until_final((a, c))
+
+
+def test_an_open_runs_duplicates_are_the_whole_runs_on_every_member(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """Rollouts published twice, over every partition: each member's ``/runs`` counts the run's
+    every duplicate while it is open (its own and its peer's, from the member records), not
+    its share."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=100, repeats=2, seed=7)
+    events = file_events(inputs, rollouts, "run", "r", finish=False)
+    n_in = sum(1 for k, _ in events if k == "input")
+    prefix = unique_name("rs")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, PARTITIONS))
+    members = _start(kafka_bootstrap, prefix, tmp_path, ["a", "b"], processors)
+    body = events[: n_in + 150]  # open: 150 of 200 rollouts
+    send_events(kafka_bootstrap, topics, [*body, events[-1], *body[n_in : n_in + 60]], "run")
+
+    def counted(runs: Runs) -> bool:
+        run = runs.get("run", {})
+        return run.get("rollouts") == 150 and run.get("duplicates_dropped") == 60
+
+    for p in members:
+        p.wait(counted)
+        assert p.runs()["run"]["done"] is False

@@ -8,11 +8,27 @@ import math
 from pathlib import Path
 
 import orjson
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rewardstream.contract import AttemptFailed, RunFinished, encode
-from rewardstream.engine_contract import AgentProgress
+from rewardstream.engine_contract import (
+    AgentProgress,
+    FinalRecord,
+    MemberRecord,
+    UnitProgress,
+    decode_final,
+    decode_member,
+    encode_record,
+)
 from rewardstream.processors.inprocess import finish
-from rewardstream.processors.live import AgentLive, History, of_state
+from rewardstream.processors.live import (
+    AgentLive,
+    History,
+    final_agents,
+    final_figures,
+    of_state,
+)
 from rewardstream.processors.page import LiveView
 from rewardstream.processors.pipeline import Pipeline, RemoteUnit
 from rewardstream.processors.profile import TOKEN_BINS
@@ -247,3 +263,70 @@ def test_a_final_runs_metrics_are_its_final_records_whatever_parts_are_held(
             assert sample("rewardstream_reward_count", agent=agent) == reward.count
             assert sample("rewardstream_tasks", agent=agent, kind="scored") == 20
         assert LiveView(pipeline).summary(run)["duplicates_dropped"] == 0
+
+
+def test_a_final_run_keeps_every_task_series_it_showed_while_open(tmp_path: Path) -> None:
+    """Task difficulty by kind (all_max and all_min included) and the per-task mean reward
+    histogram of a final run are what one processor holding the whole run showed while it was
+    open (the final's, exact), after it lost units of the run, and as a processor that never
+    held any reads them from the final record's wire form."""
+    with _pipeline(tmp_path, "one", 4) as pipeline:
+        run = pipeline.runs["r"]
+        metrics = Metrics(lambda: pipeline.runs)
+
+        def tasks(registry: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            text = generate_latest(registry.registry).decode()
+            return {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text)
+                if family.name in ("rewardstream_tasks", "rewardstream_task_mean_reward")
+                for s in family.samples
+            }
+
+        shown = tasks(metrics)
+        kinds = {labels for name, labels in shown if name == "rewardstream_tasks"}
+        assert {dict(k)["kind"] for k in kinds} >= {"all_max", "all_min"}
+        assert any(name == "rewardstream_task_mean_reward_bucket" for name, _ in shown)
+        pipeline.handle("control", encode(RunFinished(run_id="r")))
+        assert finish(pipeline, run) is not None and run.terminal is not None
+        assert tasks(metrics) == shown
+        for name in ("input-1", "rollout-1", "input-2", "rollout-2"):
+            pipeline.release(name)
+        assert tasks(metrics) == shown
+        assert run.terminal.agents is not None
+        record = FinalRecord(
+            prefix="p",
+            group="g",
+            run_id="r",
+            state="final",
+            stem="r",
+            partial=False,
+            inputs=run.inputs,
+            rollouts=run.rollouts,
+            expected=run.expected,
+            units={},
+            written_by="m",
+            at=0.0,
+            **final_figures(run.terminal.agents),
+        )
+        wire = decode_final(encode_record(record), "p")
+        with Pipeline(tmp_path / "none") as other:
+            other.mark_final("r", Done(0, 0, {}, {}, "r", agents=final_agents(wire)))
+            assert tasks(Metrics(lambda: other.runs)) == shown
+        older = {k: v for k, v in orjson.loads(encode_record(record)).items() if k != "spread"}
+        agents = final_agents(decode_final(orjson.dumps(older), "p"))  # an older processor's
+        assert agents is not None and all(a.spread is None for a in agents.values())
+
+
+def test_member_records_carry_duplicates_and_older_ones_are_read() -> None:
+    """A unit's per-run counts are [inputs, rollouts, duplicates]; a record of an older
+    processor, [inputs, rollouts], is read with no duplicates."""
+    unit = UnitProgress(position=9, runs={"r": (4, 5, 2)})
+    record = MemberRecord(
+        prefix="p", group="g", member="m", generation=1, url=None, units={}, at=0.0
+    )
+    raw = orjson.loads(encode_record(record.model_copy(update={"units": {"input-0": unit}})))
+    assert Counts(*decode_member(orjson.dumps(raw), "p").units["input-0"].runs["r"]) == (4, 5, 2)
+    raw["units"]["input-0"]["runs"]["r"] = [4, 5]
+    older = decode_member(orjson.dumps(raw), "p").units["input-0"].runs["r"]
+    assert Counts(*older) == Counts(4, 5, 0)

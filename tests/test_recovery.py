@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import signal
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.generate import generate
 from rewardstream.cli import ng_reward_profile
 from rewardstream.contract import Topics
 from tests.golden import OUTPUT_SUFFIXES, file_events
-from tests.processes import Processor, committed, send_events
+from tests.processes import Processor, Runs, committed, send_events
 
 pytestmark = pytest.mark.kafka
 
@@ -57,3 +60,55 @@ def test_kill_9_mid_run_then_restart(
         assert (out / "run" / f"r{suffix}").read_bytes() == (data / f"r{suffix}").read_bytes(), (
             suffix
         )
+
+
+def test_a_restarted_processor_dates_runs_by_their_events(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """A processor killed and restarted reads every open run again; one whose events Kafka
+    dates an hour back is stalled at once, its last event an hour ago (on /runs and /metrics),
+    not heard of anew (``--stall-after`` 300: nothing here waits that long); one whose events
+    are a second old is open."""
+    data = tmp_path / "data"
+    generate(tasks=20, repeats=2, out=data / "r", text_bytes=50, seed=5)
+    inputs, rollouts = data / "r_materialized_inputs.jsonl", data / "r.jsonl"
+    prefix, out, log = unique_name("rs"), tmp_path / "out", tmp_path / "processor.log"
+    topics = Topics.for_prefix(prefix)
+    hour_ago = int((time.time() - 3600) * 1000)
+    dead = file_events(inputs, rollouts, "dead", "r", finish=False)
+    send_events(kafka_bootstrap, topics, [*dead[:-5], dead[-1]], "dead", timestamp_ms=hour_ago)
+    extra = ["--stall-after", "300"]
+
+    def shown(p: Processor) -> Callable[[Runs], bool]:
+        return lambda runs: runs.get("dead", {}).get("rollouts") == 36 and "alive" in runs
+
+    first = Processor(kafka_bootstrap, prefix, out, log, extra=extra)
+    processors.append(first)
+    alive = file_events(inputs, rollouts, "alive", "r", finish=False)
+    send_events(kafka_bootstrap, topics, alive[:10], "alive")
+    first.wait(shown(first))
+    first.kill(signal.SIGKILL)
+
+    second = Processor(kafka_bootstrap, prefix, out, log, extra=extra)
+    processors.append(second)
+    send_events(kafka_bootstrap, topics, alive[10:20], "alive")
+    began = time.time()
+    second.wait(shown(second))
+    runs = second.runs()
+    assert runs["dead"]["state"] == "stalled", runs["dead"]
+    assert runs["dead"]["rate"] == 0 and runs["dead"]["eta_seconds"] is None
+    age = runs["dead"]["last_event_seconds"]
+    assert isinstance(age, int) and 3600 <= age <= 3600 + time.time() - began + 120, age
+    assert runs["alive"]["state"] == "open", runs["alive"]
+    with urllib.request.urlopen(f"{second.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    ages = {
+        s.labels["run_id"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "rewardstream_run_last_event_age_seconds"
+    }
+    assert ages["dead"] >= 3600 and ages["alive"] < 300, ages
