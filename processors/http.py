@@ -25,6 +25,8 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from rewardstream.errors import InputError, RewardstreamError
+from rewardstream.http_security import HttpSecurity
+from rewardstream.processors.auth import require_token
 from rewardstream.processors.page import LiveView, add_page, page_response, wants_page
 from rewardstream.processors.partwire import PART_LIST_TYPE, encode_answer
 from rewardstream.processors.pipeline import Pipeline
@@ -63,9 +65,13 @@ async def _bounded_body(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 def make_app(
-    pipeline: Pipeline, registry: CollectorRegistry | None, peers: Peers | None = None
+    pipeline: Pipeline,
+    registry: CollectorRegistry | None,
+    peers: Peers | None = None,
+    security: HttpSecurity | None = None,
 ) -> web.Application:
-    """Health, ``/runs``, snapshots and parts of ``pipeline``, the metrics in ``registry``."""
+    """Health, ``/runs``, snapshots and parts of ``pipeline``, the metrics in ``registry``;
+    behind ``security``'s token if it has one."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry) if registry is not None else b""
@@ -194,6 +200,8 @@ def make_app(
     app.router.add_post("/runs/{run_id}/snapshot", snapshot)
     app.router.add_get("/runs/{run_id}/download", download)
     add_page(app, view)
+    if security is not None and security.token is not None:
+        require_token(app, security)
     return app
 
 
@@ -230,13 +238,19 @@ class _ClientFaults(logging.Filter):
 _CLIENT_FAULTS = _ClientFaults()
 
 
-async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start serving ``app`` (port 0: a free one); returns the runner (stop it with ``await
-    runner.cleanup()``) and the port bound."""
+async def serve(
+    app: web.Application, host: str, port: int, security: HttpSecurity | None = None
+) -> tuple[web.AppRunner, int]:
+    """Start serving ``app`` (port 0: a free one), over TLS if ``security`` has a certificate;
+    beyond loopback only with a token (or ``--insecure-public``). Returns the runner (stop it
+    with ``await runner.cleanup()``) and the port bound."""
+    security = security or HttpSecurity()
+    security.check_bind(host, port)
+    context = security.server_context()
     logging.getLogger("aiohttp.server").addFilter(_CLIENT_FAULTS)  # once: the same filter
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=context)
     try:
         await site.start()
     except OSError as exc:  # a busy port, an address not on this host

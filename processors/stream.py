@@ -62,6 +62,7 @@ from rewardstream.engine_contract import (
     encode_record,
 )
 from rewardstream.errors import InputError, RewardstreamError
+from rewardstream.http_security import HttpSecurity
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import make_app, serve
 from rewardstream.processors.live import AgentLive, of_state
@@ -124,8 +125,12 @@ class StreamProcessor:
         advertise: str | None = None,
         evict_after: float = 24 * 3600.0,
         aggregate_metrics: bool = False,
+        http_security: HttpSecurity | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.http_security = http_security or HttpSecurity()  # its endpoint's, and for peers
+        if advertise is not None:
+            self.http_security.check_advertised(advertise)
         self.security = security or KafkaSecurity.from_env()  # SASL/TLS for every client
         self.topics = topics or Topics.for_prefix()
         self.prefix = self.topics.control.removesuffix(".control")
@@ -186,15 +191,23 @@ class StreamProcessor:
             if self._own_state:
                 stack.callback(shutil.rmtree, self.state_dir, True)
             stack.callback(self.pipeline.close)
-            app = make_app(self.pipeline, self.metrics.registry, self)
+            secured = self.http_security
+            app = make_app(self.pipeline, self.metrics.registry, self, secured)
             host, port = http or ("127.0.0.1", 0)
-            runner, bound = await serve(app, host, port)
+            runner, bound = await serve(app, host, port, secured)
             stack.push_async_callback(runner.cleanup)
             shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
-            self.url = self.advertise or f"http://{_url_host(shown)}:{bound}"
-            log.info("serving snapshots, parts and metrics on http://%s:%d", _url_host(host), bound)
+            scheme = secured.scheme
+            self.url = self.advertise or f"{scheme}://{_url_host(shown)}:{bound}"
+            log.info(
+                "serving snapshots, parts and metrics on %s://%s:%d", scheme, _url_host(host), bound
+            )
             await ensure_topics(self.bootstrap, self.security, self.engine_topics)
-            self._session = aiohttp.ClientSession(timeout=_PART_TIMEOUT)
+            self._session = aiohttp.ClientSession(
+                timeout=_PART_TIMEOUT,
+                headers=secured.headers(),
+                connector=aiohttp.TCPConnector(ssl=secured.client_context()),
+            )
             stack.push_async_callback(self._session.close)
             secure = self.security.client_kwargs()
             producer = AIOKafkaProducer(
@@ -583,7 +596,10 @@ class StreamProcessor:
         self, url: str, run_id: str
     ) -> tuple[dict[str, int], dict[str, ReceivedPart]]:
         assert self._session is not None
-        async with self._session.get(f"{url}/parts/{run_id}", params=self.identity()) as response:
+        name = self.http_security.peer_name if url.startswith("https://") else None
+        async with self._session.get(
+            f"{url}/parts/{run_id}", params=self.identity(), server_hostname=name
+        ) as response:
             body = await response.read()
             if response.status != 200 or response.content_type != PART_LIST_TYPE:
                 raise Unavailable(f"HTTP {response.status}: {body[:200].decode(errors='replace')}")
