@@ -5,6 +5,9 @@ owned elsewhere are fetched from their owners (``GET /parts/<run_id>``, found th
 group's member records), then forked children build the profile from the state as it is at
 that moment, so ingestion keeps running while it is taken; the files stream back in the
 response body as they render (the server never writes where a client asks).
+
+Beyond loopback it serves only with a bearer token (:mod:`rewardstream.processors.auth`), over
+TLS when given a certificate (:mod:`rewardstream.http_security`).
 """
 
 from __future__ import annotations

@@ -203,11 +203,7 @@ class StreamProcessor:
                 "serving snapshots, parts and metrics on %s://%s:%d", scheme, _url_host(host), bound
             )
             await ensure_topics(self.bootstrap, self.security, self.engine_topics)
-            self._session = aiohttp.ClientSession(
-                timeout=_PART_TIMEOUT,
-                headers=secured.headers(),
-                connector=aiohttp.TCPConnector(ssl=secured.client_context()),
-            )
+            self._session = self._peer_session()
             stack.push_async_callback(self._session.close)
             secure = self.security.client_kwargs()
             producer = AIOKafkaProducer(
@@ -591,6 +587,14 @@ class StreamProcessor:
             if offsets.get(name, end) < end:
                 raise Unavailable(f"partition {name} is consumed to {offsets[name]} of {end}")
         return parts, offsets
+
+    def _peer_session(self) -> aiohttp.ClientSession:
+        """The session parts are fetched with: the token, and peers' certificates checked."""
+        return aiohttp.ClientSession(
+            timeout=_PART_TIMEOUT,
+            headers=self.http_security.headers(),
+            connector=aiohttp.TCPConnector(ssl=self.http_security.client_context()),
+        )
 
     async def _fetch_parts(
         self, url: str, run_id: str

@@ -8,11 +8,13 @@ client commands (watch, snapshot, curate) with the token and the CA.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
 import signal
 import ssl
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -22,6 +24,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
+from selenium import webdriver
+from selenium.webdriver.common.by import By
 
 from rewardstream.cli import main
 from rewardstream.contract import Topics
@@ -31,10 +35,12 @@ from rewardstream.http_security import TOKEN_ENV, HttpSecurity
 from rewardstream.processors.auth import COOKIE, OPEN
 from rewardstream.processors.http import make_app, serve
 from rewardstream.processors.pipeline import Pipeline
+from rewardstream.processors.stream import StreamProcessor
 from rewardstream.sinks.metrics import Metrics
 from tests.golden import GOLDEN, assert_batch_files, generated_collection, golden_cases
 from tests.golden import golden_events as case_events
 from tests.processes import Processor, make_topics
+from tests.test_page import browser  # noqa: F401  (the fixture)
 from tests.tls import Certs, make_certs
 
 TOKEN = "tok-" + uuid.uuid4().hex  # unique: found anywhere, it leaked
@@ -58,23 +64,31 @@ class Served(NamedTuple):
     client: ssl.SSLContext  # verifies with the test CA
 
 
-@pytest.fixture
-async def served(tmp_path: Path, certs: Certs) -> AsyncIterator[Served]:
-    """A processor's endpoint over TLS with a token, on a pipeline holding run ``m``."""
+@contextlib.asynccontextmanager
+async def _serving(tmp_path: Path, security: HttpSecurity) -> AsyncIterator[Served]:
+    """A processor's endpoint with ``security``, on a pipeline holding run ``m``."""
     holder: dict[str, Pipeline] = {}
     metrics = Metrics(lambda: holder["p"].runs)
     pipeline = holder["p"] = Pipeline(tmp_path / "out", metrics=metrics)
     case = next(c for c in golden_cases() if c.name == "multi_agent")
     for kind, raw in case_events(case, RUN, finish=False):
         pipeline.handle(kind, raw)
-    security = HttpSecurity(TOKEN, certs.server_cert, certs.server_key, certs.ca)
     app = make_app(pipeline, metrics.registry, None, security)
     runner, port = await serve(app, "127.0.0.1", 0, security)
     try:
-        yield Served(f"https://127.0.0.1:{port}", app, ssl.create_default_context(cafile=certs.ca))
+        url = f"{security.scheme}://127.0.0.1:{port}"
+        yield Served(url, app, ssl.create_default_context(cafile=security.cafile))
     finally:
         await runner.cleanup()
         pipeline.close()
+
+
+@pytest.fixture
+async def served(tmp_path: Path, certs: Certs) -> AsyncIterator[Served]:
+    """Over TLS with a token."""
+    security = HttpSecurity(TOKEN, certs.server_cert, certs.server_key, certs.ca)
+    async with _serving(tmp_path, security) as served:
+        yield served
 
 
 # --------------------------------------------------------------------------- TLS
@@ -179,6 +193,42 @@ async def test_a_browser_trades_the_token_once_for_an_httponly_cookie(served: Se
             assert r.status == 200 and (await r.json())["run_id"] == RUN
 
 
+@needs_golden
+async def test_the_page_logs_in_in_a_real_browser(
+    tmp_path: Path,
+    browser: webdriver.Chrome,  # noqa: F811
+) -> None:
+    """Headless Chromium opens a run's page: the login form, a wrong token is refused, the
+    right one opens the page, whose events (the cookie, no header) show the run."""
+
+    def shown() -> list[str]:
+        script = "return [...document.querySelectorAll('#runs tbody tr')].map(r => r.dataset.run)"
+        runs: list[str] = browser.execute_script(script)
+        return runs
+
+    def log_in(url: str) -> list[str]:
+        browser.get(f"{url}/runs/{RUN}")
+        for token in ("y" * 40, TOKEN):
+            assert browser.find_elements(By.NAME, "token"), browser.page_source[:500]
+            assert "alpha" not in browser.page_source
+            browser.find_element(By.NAME, "token").send_keys(token)
+            browser.find_element(By.TAG_NAME, "form").submit()
+        assert browser.current_url == f"{url}/runs/{RUN}"
+        cookie = browser.get_cookie(COOKIE)
+        assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert COOKIE not in browser.execute_script("return document.cookie")  # HttpOnly
+        deadline = time.monotonic() + 30
+        while RUN not in shown():
+            assert time.monotonic() < deadline, browser.page_source[:2000]
+            time.sleep(0.2)
+        runs = shown()
+        browser.get("about:blank")  # its events stream ends: the server can stop
+        return runs
+
+    async with _serving(tmp_path, HttpSecurity(TOKEN)) as served:
+        assert await asyncio.to_thread(log_in, served.url) == [RUN]
+
+
 # --------------------------------------------------------------------------- binding
 
 
@@ -265,6 +315,43 @@ def test_token_files_and_variables_are_checked_and_never_shown(
     err = capsys.readouterr().err
     assert f"${TOKEN_ENV}: the token must be" in err and "short token" not in err
     assert TOKEN not in repr(HttpSecurity(TOKEN))
+
+
+@pytest.mark.parametrize(
+    ("peer_name", "works"), [("rewardstream", True), (None, False), ("other", False)]
+)
+async def test_peers_certificates_are_checked_against_the_peer_name(
+    tmp_path: Path, peer_name: str | None, works: bool
+) -> None:
+    """One certificate for every processor names a Service, not the pods' addresses: a peer
+    fetches parts when told that name (``--http-peer-name``), and is refused otherwise."""
+    certs = make_certs(tmp_path / "named", server_names="DNS:rewardstream")
+    if certs is None:
+        pytest.skip("openssl is not installed")
+
+    def processor(name: str | None, state: str) -> StreamProcessor:
+        security = HttpSecurity(TOKEN, certs.server_cert, certs.server_key, certs.ca, name)
+        topics = Topics.for_prefix("named")
+        return StreamProcessor(
+            "127.0.0.1:1", None, topics, state_dir=tmp_path / state, http_security=security
+        )
+
+    server, asker = processor(None, "server"), processor(peer_name, "asker")
+    app = make_app(server.pipeline, None, server, server.http_security)
+    runner, port = await serve(app, "127.0.0.1", 0, server.http_security)
+    session = asker._session = asker._peer_session()
+    try:
+        if works:
+            _, parts = await asker._fetch_parts(f"https://127.0.0.1:{port}", RUN)
+            assert parts == {}
+        else:
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await asker._fetch_parts(f"https://127.0.0.1:{port}", RUN)
+    finally:
+        await session.close()
+        await runner.cleanup()
+        server.pipeline.close()
+        asker.pipeline.close()
 
 
 # --------------------------------------------------------------------------- hosts and clients
