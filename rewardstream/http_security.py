@@ -183,7 +183,13 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> Any:
         "HTTP security", f"the processor's token: --http-token-file or ${TOKEN_ENV} (README)"
     )
     _option(group, "token-file", "a file holding the processor's bearer token")
-    group.add_argument("--http-token", nargs="?", action=_Refused, help=argparse.SUPPRESS)
+    group.add_argument(
+        "--http-token",
+        nargs="?",
+        action=_Refused,
+        metavar="REFUSED",
+        help="refused: a command line is seen in ps (the token file or variable instead)",
+    )
     _option(group, "cafile", "the CA bundle that signed the processor's certificate")
     return group
 
