@@ -354,6 +354,17 @@ async def test_peers_certificates_are_checked_against_the_peer_name(
         asker.pipeline.close()
 
 
+def test_the_advertised_url_speaks_the_servers_scheme(tmp_path: Path, certs: Certs) -> None:
+    """Peers are told where to fetch parts: an http:// URL for a TLS server (or the reverse)
+    would fail every fetch, so it is refused at start."""
+    tls = HttpSecurity(TOKEN, certs.server_cert, certs.server_key)
+    for security, url in ((tls, "http://h:1"), (HttpSecurity(TOKEN), "https://h:1")):
+        with pytest.raises(InputError, match="--advertise-url"):
+            StreamProcessor("127.0.0.1:1", None, advertise=url, http_security=security)
+    argv = ["stream", "--bootstrap", "127.0.0.1:1", "--advertise-url", "https://h:1"]
+    assert main(argv) == 2
+
+
 # --------------------------------------------------------------------------- hosts and clients
 
 
