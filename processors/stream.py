@@ -600,7 +600,10 @@ class StreamProcessor:
         self, url: str, run_id: str
     ) -> tuple[dict[str, int], dict[str, ReceivedPart]]:
         assert self._session is not None
-        name = self.http_security.peer_name if url.startswith("https://") else None
+        https = url.startswith("https://")
+        if self.http_security.tls and not https:  # a member record any topic writer can forge
+            raise Unavailable("a processor serving TLS asks its peers over https only")
+        name = self.http_security.peer_name if https else None
         async with self._session.get(
             f"{url}/parts/{run_id}", params=self.identity(), server_hostname=name
         ) as response:

@@ -35,7 +35,7 @@ from rewardstream.http_security import TOKEN_ENV, HttpSecurity
 from rewardstream.processors.auth import COOKIE, OPEN
 from rewardstream.processors.http import make_app, serve
 from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.stream import StreamProcessor
+from rewardstream.processors.stream import StreamProcessor, Unavailable
 from rewardstream.sinks.metrics import Metrics
 from tests.golden import GOLDEN, assert_batch_files, generated_collection, golden_cases
 from tests.golden import golden_events as case_events
@@ -363,6 +363,33 @@ def test_the_advertised_url_speaks_the_servers_scheme(tmp_path: Path, certs: Cer
             StreamProcessor("127.0.0.1:1", None, advertise=url, http_security=security)
     argv = ["stream", "--bootstrap", "127.0.0.1:1", "--advertise-url", "https://h:1"]
     assert main(argv) == 2
+
+
+async def test_a_tls_processor_never_sends_its_token_in_the_clear(
+    tmp_path: Path, certs: Certs
+) -> None:
+    """A member record naming an http:// URL (anyone who can write the members topic can
+    forge one) gets no request from a processor serving TLS, so never its token."""
+    seen: list[str] = []
+
+    async def parts(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get("/parts/{run_id}", parts)
+    runner, port = await serve(app, "127.0.0.1", 0)
+    security = HttpSecurity(TOKEN, certs.server_cert, certs.server_key, certs.ca)
+    asker = StreamProcessor("127.0.0.1:1", None, state_dir=tmp_path, http_security=security)
+    session = asker._session = asker._peer_session()
+    try:
+        with pytest.raises(Unavailable, match="https only"):
+            await asker._fetch_parts(f"http://127.0.0.1:{port}", RUN)
+    finally:
+        await session.close()
+        await runner.cleanup()
+        asker.pipeline.close()
+    assert seen == []
 
 
 # --------------------------------------------------------------------------- hosts and clients
