@@ -354,6 +354,22 @@ async def test_peers_certificates_are_checked_against_the_peer_name(
         asker.pipeline.close()
 
 
+async def test_bad_tls_files_are_one_line_naming_the_option(tmp_path: Path, certs: Certs) -> None:
+    missing = tmp_path / "missing.pem"
+    for security, said in (
+        (HttpSecurity(TOKEN, missing), f"--http-certfile: no such file '{missing}'"),
+        (HttpSecurity(TOKEN, certs.server_cert, missing), "--http-keyfile: no such file"),
+        (HttpSecurity(TOKEN, certs.server_cert, certs.client_key), "cannot load the certif"),
+        (HttpSecurity(TOKEN, certs.ca), "cannot load the certificate and its key"),  # no key
+    ):
+        with pytest.raises(InputError, match=re.escape(said)):
+            await serve(web.Application(), "127.0.0.1", 0, security)
+    with pytest.raises(InputError, match="--http-cafile: no such file"):
+        HttpSecurity(cafile=missing).client_context()
+    with pytest.raises(InputError, match=r"--http-cafile .*: "):
+        HttpSecurity(cafile=certs.server_key).client_context()  # a key, no certificate
+
+
 def test_the_advertised_url_speaks_the_servers_scheme(tmp_path: Path, certs: Certs) -> None:
     """Peers are told where to fetch parts: an http:// URL for a TLS server (or the reverse)
     would fail every fetch, so it is refused at start."""
