@@ -44,10 +44,10 @@ def _session(token: str) -> str:
     return hmac.new(token.encode(), b"rewardstream page session", hashlib.sha256).hexdigest()
 
 
-def _form(next_url: str, said: str = "") -> web.Response:
+def _form(next_url: str, said: str = "", status: int = 401) -> web.Response:
     body = _FORM.format(next=html.escape(next_url, quote=True), said=said)
     return web.Response(
-        status=401,
+        status=status,
         text=body,
         content_type="text/html",
         headers={"Cache-Control": "no-store", "WWW-Authenticate": 'Bearer realm="rewardstream"'},
@@ -79,7 +79,7 @@ def require_token(app: web.Application, security: HttpSecurity) -> None:
         )
 
     async def login_form(request: web.Request) -> web.Response:
-        return _form(request.query.get("next", "/"))
+        return _form(request.query.get("next", "/"), status=200)
 
     async def login(request: web.Request) -> web.Response:
         form = await request.post()

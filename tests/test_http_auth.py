@@ -176,6 +176,8 @@ async def test_a_browser_trades_the_token_once_for_an_httponly_cookie(served: Se
             form = await r.text()
             assert r.status == 401 and 'name="token"' in form and "alpha" not in form
         login = f"{served.url}/login"
+        async with s.get(login) as r:
+            assert r.status == 200 and 'name="token"' in await r.text()
         async with s.post(login, data={"token": "x" * 40, "next": "/"}) as r:
             assert r.status == 401 and not r.cookies
         for sneaky in ("//evil.example/x", "https://evil.example/", "\\\\evil.example"):
