@@ -7,7 +7,7 @@ VENV    ?= .venv
 BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.installed
 
-.PHONY: install system-deps kafka-jars nemo-reference lint test unit demo bench clean
+.PHONY: install system-deps kafka-jars nemo-reference lint test unit demo bench clean deploy-secrets
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,10 @@ demo: install
 	@for f in reward_profiling.jsonl agent_metrics.json repeat_level_metrics.json; do \
 	    cmp demo-output/rollouts_$$f demo-output/check/rollouts_$$f || exit 1; done
 	@echo "demo: the live profile in demo-output/ equals ng_reward_profile's, byte for byte"
+
+# docker-compose.yml's HTTP token, CA and processor certificate (deploy/secrets/, not committed)
+deploy-secrets:
+	bash deploy/make-secrets.sh
 
 bench: install
 	$(BIN)/python -m bench.profile_bench

@@ -8,6 +8,9 @@ whole, with its length (the server never writes where a client asks). A snapshot
 within a bound (else 503 naming what did not answer); requests for a run at the same positions
 share one build, and beyond the limits the answer is 429 with ``Retry-After``
 (:class:`rewardstream.processors.snapshot.Snapshots`).
+
+Beyond loopback it serves only with a bearer token (:mod:`rewardstream.processors.auth`), over
+TLS when given a certificate (:mod:`rewardstream.http_security`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from rewardstream.errors import InputError, RewardstreamError
+from rewardstream.http_security import HttpSecurity
+from rewardstream.processors.auth import require_token
 from rewardstream.processors.page import LiveView, add_page, page_response, wants_page
 from rewardstream.processors.partwire import PART_LIST_TYPE, encode_answer
 from rewardstream.processors.pipeline import Pipeline
@@ -80,9 +85,11 @@ def make_app(
     registry: CollectorRegistry | None,
     peers: Peers | None = None,
     limits: SnapshotLimits | None = None,
+    *,
+    security: HttpSecurity | None = None,
 ) -> web.Application:
     """Health, ``/runs``, snapshots and parts of ``pipeline``, the metrics in ``registry``;
-    snapshots bounded by ``limits``."""
+    snapshots bounded by ``limits``; behind ``security``'s token if it has one."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry) if registry is not None else b""
@@ -203,6 +210,8 @@ def make_app(
     app.router.add_post("/runs/{run_id}/snapshot", snapshot)
     app.router.add_get("/runs/{run_id}/download", download)
     add_page(app, view)
+    if security is not None and security.token is not None:
+        require_token(app, security)
     return app
 
 
@@ -271,15 +280,25 @@ _CLIENT_FAULTS = _ClientFaults()
 
 
 async def serve(
-    app: web.Application, host: str, port: int, idle_timeout: float = IDLE_TIMEOUT
+    app: web.Application,
+    host: str,
+    port: int,
+    idle_timeout: float = IDLE_TIMEOUT,
+    *,
+    security: HttpSecurity | None = None,
 ) -> tuple[web.AppRunner, int]:
-    """Start serving ``app`` (port 0: a free one); returns the runner (stop it with ``await
-    runner.cleanup()``) and the port bound. A connection idle for ``idle_timeout`` seconds
-    (none sent yet, or between two requests) is closed: idle sockets cannot pile up."""
+    """Start serving ``app`` (port 0: a free one), over TLS if ``security`` has a certificate;
+    beyond loopback only with a token (or ``--insecure-public``). Returns the runner (stop it
+    with ``await runner.cleanup()``) and the port bound. A connection idle for
+    ``idle_timeout`` seconds (none sent yet, or between two requests) is closed: idle sockets
+    cannot pile up."""
+    security = security or HttpSecurity()
+    security.check_bind(host, port)
+    context = security.server_context()
     logging.getLogger("aiohttp.server").addFilter(_CLIENT_FAULTS)  # once: the same filter
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=idle_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=context)
     try:
         await site.start()
     except OSError as exc:  # a busy port, an address not on this host

@@ -63,6 +63,7 @@ from rewardstream.engine_contract import (
     encode_record,
 )
 from rewardstream.errors import InputError, RewardstreamError
+from rewardstream.http_security import HttpSecurity
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import IDLE_TIMEOUT, make_app, serve
 from rewardstream.processors.live import AgentLive, final_agents, final_figures, of_state
@@ -141,8 +142,12 @@ class StreamProcessor:
         stall_after: float = STALL_AFTER,
         snapshot_limits: SnapshotLimits | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
+        http_security: HttpSecurity | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.http_security = http_security or HttpSecurity()  # its endpoint's, and for peers
+        if advertise is not None:
+            self.http_security.check_advertised(advertise)
         self.security = security or KafkaSecurity.from_env()  # SASL/TLS for every client
         self.topics = topics or Topics.for_prefix()
         self.prefix = self.topics.control.removesuffix(".control")
@@ -206,15 +211,20 @@ class StreamProcessor:
             if self._own_state:
                 stack.callback(shutil.rmtree, self.state_dir, True)
             stack.callback(self.pipeline.close)
-            app = make_app(self.pipeline, self.metrics.registry, self, self.snapshot_limits)
+            secured = self.http_security
+            limits = self.snapshot_limits
+            app = make_app(self.pipeline, self.metrics.registry, self, limits, security=secured)
             host, port = http or ("127.0.0.1", 0)
-            runner, bound = await serve(app, host, port, self.idle_timeout)
+            runner, bound = await serve(app, host, port, self.idle_timeout, security=secured)
             stack.push_async_callback(runner.cleanup)
             shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
-            self.url = self.advertise or f"http://{_url_host(shown)}:{bound}"
-            log.info("serving snapshots, parts and metrics on http://%s:%d", _url_host(host), bound)
+            scheme = secured.scheme
+            self.url = self.advertise or f"{scheme}://{_url_host(shown)}:{bound}"
+            log.info(
+                "serving snapshots, parts and metrics on %s://%s:%d", scheme, _url_host(host), bound
+            )
             await ensure_topics(self.bootstrap, self.security, self.engine_topics)
-            self._session = aiohttp.ClientSession(timeout=_PART_TIMEOUT)
+            self._session = self._peer_session()
             stack.push_async_callback(self._session.close)
             secure = self.security.client_kwargs()
             producer = AIOKafkaProducer(
@@ -618,11 +628,25 @@ class StreamProcessor:
                 raise Unavailable(f"partition {name} is consumed to {offsets[name]} of {end}")
         return parts, offsets
 
+    def _peer_session(self) -> aiohttp.ClientSession:
+        """The session parts are fetched with: the token, and peers' certificates checked."""
+        return aiohttp.ClientSession(
+            timeout=_PART_TIMEOUT,
+            headers=self.http_security.headers(),
+            connector=aiohttp.TCPConnector(ssl=self.http_security.client_context()),
+        )
+
     async def _fetch_parts(
         self, url: str, run_id: str
     ) -> tuple[dict[str, int], dict[str, ReceivedPart]]:
         assert self._session is not None
-        async with self._session.get(f"{url}/parts/{run_id}", params=self.identity()) as response:
+        https = url.startswith("https://")
+        if self.http_security.tls and not https:  # a member record any topic writer can forge
+            raise Unavailable("a processor serving TLS asks its peers over https only")
+        name = self.http_security.peer_name if https else None
+        async with self._session.get(
+            f"{url}/parts/{run_id}", params=self.identity(), server_hostname=name
+        ) as response:
             body = await response.read()
             if response.status != 200 or response.content_type != PART_LIST_TYPE:
                 raise Unavailable(f"HTTP {response.status}: {body[:200].decode(errors='replace')}")

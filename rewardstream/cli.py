@@ -20,14 +20,13 @@ import sys
 import tempfile
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from rewardstream import kafka_local, kafka_options
+from rewardstream import http_security, kafka_local, kafka_options
 from rewardstream.command import fail, override_command, package_version, run_guarded
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
 from rewardstream.jsonl import check_input_file
@@ -219,6 +218,7 @@ def _cmd_stream(args: argparse.Namespace) -> int:
             args.snapshot_timeout, args.max_snapshot_builds, args.max_snapshot_requests
         ),
         idle_timeout=args.http_idle_timeout,
+        http_security=http_security.from_args(args),
     )
 
     async def main() -> None:
@@ -302,7 +302,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_snapshot(args: argparse.Namespace) -> int:
-    head = _snapshot(args.url, args.run_id, Path(args.out))
+    head = _snapshot(args, Path(args.out))
     print(
         f"snapshot run_id={head.run_id} rollouts={head.rollouts} inputs={head.inputs} "
         f"offsets={orjson.dumps(head.offsets).decode()} -> {args.out}"
@@ -310,13 +310,15 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _snapshot(base: str, run_id: str, out: Path) -> SnapshotHead:
-    """Fetch a run's snapshot from a processor at ``base`` into ``out``."""
+def _snapshot(args: argparse.Namespace, out: Path) -> SnapshotHead:
+    """Fetch the snapshot of run ``args.run_id`` from the processor at ``args.url`` (with
+    the HTTP security options) into ``out``."""
     from rewardstream.sinks.snapshot_wire import receive
 
-    url = f"{base.rstrip('/')}/runs/{urllib.parse.quote(run_id, safe='')}/snapshot"
+    base, security = args.url, http_security.from_args(args)
+    url = f"{base.rstrip('/')}/runs/{urllib.parse.quote(args.run_id, safe='')}/snapshot"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=600) as r:
+        with http_security.open_url(security, url, "POST", timeout=600) as r:
             return receive(r, out, url)
     except urllib.error.HTTPError as exc:
         said = " ".join(exc.read().decode(errors="replace").split())  # one line
@@ -332,7 +334,7 @@ def _snapshot(base: str, run_id: str, out: Path) -> SnapshotHead:
 def _cmd_watch(args: argparse.Namespace) -> int:
     from rewardstream.watch import watch
 
-    return watch(args.url, args.run_id, args.interval, args.once)
+    return watch(args.url, args.run_id, args.interval, args.once, http_security.from_args(args))
 
 
 def _cmd_curate(args: argparse.Namespace) -> int:
@@ -349,7 +351,7 @@ def _cmd_curate(args: argparse.Namespace) -> int:
         if args.profile is not None:
             profile = find_profile(Path(args.profile))
         elif args.url is not None:
-            _snapshot(args.url, args.run_id, Path(scratch))
+            _snapshot(args, Path(scratch))
             profile = find_profile(Path(scratch))
         else:
             profile = _fetch_final(args, Path(scratch)).reward_profiling
@@ -470,8 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--advertise-url",
         type=_http_url,
-        help="the http://HOST:PORT (or HOST:PORT) peers reach this processor at (default: the "
-        "--http address)",
+        help="the http(s)://HOST:PORT (or HOST:PORT) peers reach this processor at (default: "
+        "the --http address)",
     )
     st.add_argument(
         "--topic-prefix",
@@ -544,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="close an HTTP connection idle for S seconds (30)",
     )
     kafka_options.add_arguments(st)
+    http_security.add_server_arguments(st)
     st.set_defaults(func=_cmd_stream)
     rp = sub.add_parser(
         "replay", help="stream a collection's files through the in-process pipeline"
@@ -568,6 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sn.add_argument("--run-id", required=True, help="the run to snapshot (see 'profiles list')")
     sn.add_argument("--out", required=True, help="folder for the three profile files")
+    http_security.add_client_arguments(sn)
     sn.set_defaults(func=_cmd_snapshot)
     dm = sub.add_parser(
         "demo", help="start the bundled servers, collect the bundled dataset, profile it live"
@@ -626,6 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval", type=_seconds, default=2.0, metavar="S", help="poll every S s (2)"
     )
     wa.add_argument("--once", action="store_true", help="print the table once and exit")
+    http_security.add_client_arguments(wa)
     wa.set_defaults(func=_cmd_watch)
     cu = sub.add_parser(
         "curate",
@@ -670,6 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --bootstrap: wait S s (0)",
     )
     kafka_options.add_arguments(cu)
+    http_security.add_client_arguments(cu)
     cu.set_defaults(func=_cmd_curate)
     publish_cli.add_parser(sub)
     kafka_local.add_parser(sub)

@@ -16,7 +16,6 @@ import sys
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, NamedTuple
 
 from rich.console import Console, Group
@@ -24,6 +23,7 @@ from rich.live import Live
 from rich.table import Table
 
 from rewardstream.errors import InputError
+from rewardstream.http_security import HttpSecurity, open_url
 
 __all__ = ["watch"]
 
@@ -33,15 +33,15 @@ class _Seen(NamedTuple):
     rollouts: int
 
 
-def _get(base: str, path: str) -> Any:
-    with urllib.request.urlopen(f"{base.rstrip('/')}{path}", timeout=10) as r:
+def _get(base: str, path: str, security: HttpSecurity) -> Any:
+    with open_url(security, f"{base.rstrip('/')}{path}") as r:
         return json.loads(r.read())
 
 
-def _runs(base: str, run_id: str | None) -> list[dict[str, Any]]:
+def _runs(base: str, run_id: str | None, security: HttpSecurity) -> list[dict[str, Any]]:
     """Each run's ``/runs/<id>`` (one run, or every run the processor knows)."""
-    ids = [run_id] if run_id else [r["run_id"] for r in _get(base, "/runs")]
-    return [_get(base, f"/runs/{urllib.parse.quote(i, safe='')}") for i in ids]
+    ids = [run_id] if run_id else [r["run_id"] for r in _get(base, "/runs", security)]
+    return [_get(base, f"/runs/{urllib.parse.quote(i, safe='')}", security) for i in ids]
 
 
 def _num(value: Any, digits: int = 4) -> str:
@@ -116,9 +116,12 @@ def watch(
     run_id: str | None = None,
     interval: float = 2.0,
     once: bool = False,
+    security: HttpSecurity | None = None,
     console: Console | None = None,
 ) -> int:
-    """Poll and redraw until interrupted (Ctrl-C), or once."""
+    """Poll and redraw until interrupted (Ctrl-C), or once (with ``security``'s token and
+    CA)."""
+    security = security or HttpSecurity()
     # a pipe or a file has no width: 80 columns would cut agent names
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     seen: dict[str, _Seen] = {}
@@ -126,7 +129,7 @@ def watch(
 
     def poll() -> Group:
         try:
-            runs = _runs(url, run_id)
+            runs = _runs(url, run_id, security)
         except urllib.error.HTTPError as exc:
             if exc.code == 404 and run_id:
                 raise InputError(f"{url} knows no run {run_id!r}") from None

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rewardstream.contract import Topics, task_key
+from rewardstream.http_security import HttpSecurity, open_url
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.pipeline import EventKind
 
@@ -194,15 +195,19 @@ class Processor:
         extra: Sequence[str] = (),
         private_disk: Path | None = None,
         host_disk: Path | None = None,
+        client: HttpSecurity | None = None,
     ) -> None:
         """``private_disk``: run as a separate host would, in a mount namespace of its own
         with a private tmpfs at that folder (its ``--state-dir``, and ``out`` inside it):
         invisible to every other process, gone with it (root only). ``host_disk`` (with
         ``private_disk``): that folder bind-mounted there instead of a tmpfs, a host's own disk
-        that outlives the process (a restart on the same host finds it again)."""
+        that outlives the process (a restart on the same host finds it again). ``client``:
+        the token and CA this test asks its endpoint with (https with a CA)."""
         self.log = log
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = client or HttpSecurity()
+        scheme = "https" if self.client.cafile else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.disk = private_disk
         if private_disk is not None:
             out = private_disk / "out"
@@ -243,7 +248,7 @@ class Processor:
     def _get(self, path: str) -> object:
         """A JSON answer of the endpoint, or None while it is not serving (starting, killed)."""
         try:
-            with urllib.request.urlopen(f"{self.url}{path}", timeout=2) as r:
+            with open_url(self.client, f"{self.url}{path}", timeout=2) as r:
                 return orjson.loads(r.read())
         except OSError:
             return None

@@ -1,6 +1,7 @@
 """The monitoring files under deploy/ are valid and do what they say: Prometheus's own
 ``promtool`` checks the scrape config and the rules, and runs the rules' unit tests (each
-recording rule and alert, deploy/prometheus/rules.test.yml)."""
+recording rule and alert, deploy/prometheus/rules.test.yml); a real Prometheus with the
+shipped config scrapes processors over TLS with their bearer token."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ import pytest
 import yaml
 
 from rewardstream.contract import Topics
+from rewardstream.http_security import HttpSecurity
 from rewardstream.kafka_local import free_port
 from tests.golden import file_events, generated_collection
 from tests.processes import Processor, make_topics, send_events
+from tests.tls import make_certs
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -48,13 +51,32 @@ pytestmark = pytest.mark.skipif(
     ],
     ids=lambda a: " ".join(a),
 )
-def test_promtool(argv: list[str]) -> None:
+def test_promtool(argv: list[str], tmp_path: Path) -> None:
     assert PROMTOOL is not None
+    token, ca = tmp_path / "token", tmp_path / "ca.pem"  # it checks that the files exist
+    token.write_text("t" * 32)
+    ca.write_text("")
+    config = _shipped_config(tmp_path, token, ca)
     proc = subprocess.run(
-        [PROMTOOL, *argv], cwd=PROMETHEUS, capture_output=True, text=True, timeout=120
+        [PROMTOOL, *argv], cwd=config, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout + proc.stderr
+
+
+SECRETS = {"/run/secrets/http_token": "token", "/run/secrets/http_ca": "ca"}
+
+
+def _shipped_config(tmp_path: Path, token: Path, ca: Path) -> Path:
+    """A copy of deploy/prometheus whose secrets (docker-compose.yml's) are ``token``/``ca``."""
+    config = tmp_path / "prometheus"
+    shutil.copytree(PROMETHEUS, config)
+    text = (config / "prometheus.yml").read_text()
+    for path, name in SECRETS.items():
+        assert path in text
+        text = text.replace(path, str({"token": token, "ca": ca}[name]))
+    (config / "prometheus.yml").write_text(text)
+    return config
 
 
 def _get(url: str, path: str) -> Any:
@@ -78,16 +100,26 @@ def test_the_shipped_prometheus_gives_the_run_wide_mean_and_std_of_two_processor
     processors: list[Processor],
 ) -> None:
     """A real Prometheus with deploy/prometheus (its intervals shortened to a second) scrapes
-    two processors of one group; the recording rules give each agent's mean and std over the
-    whole run, equal to the batch profile's."""
+    two processors of one group over TLS with their bearer token; the recording rules give
+    each agent's mean and std over the whole run, equal to the batch profile's."""
     prometheus_bin = shutil.which("prometheus")
     assert prometheus_bin is not None
+    certs = make_certs(tmp_path / "tls")
+    assert certs is not None, "openssl is needed"
+    token = tmp_path / "token"
+    token.write_text(f"scrape-{os.getpid()}-{time.time_ns()}\n")
+    secured = ["--http-token-file", str(token), "--http-cafile", str(certs.ca)]
+    secured += ["--http-certfile", str(certs.server_cert), "--http-keyfile", str(certs.server_key)]
+    client = HttpSecurity(token.read_text().strip(), cafile=certs.ca)
     inputs, rollouts = generated_collection(tmp_path / "data", tasks=300, repeats=4, seed=3)
     prefix = unique_name("prom")
     topics = Topics.for_prefix(prefix)
     asyncio.run(make_topics(kafka_bootstrap, topics, 4))
     log = tmp_path / "processors.log"
-    members = [Processor(kafka_bootstrap, prefix, tmp_path / "out", log) for _ in range(2)]
+    members = [
+        Processor(kafka_bootstrap, prefix, tmp_path / "out", log, extra=secured, client=client)
+        for _ in range(2)
+    ]
     processors.extend(members)
     # both in the group before the data: each holds a share of the open run
     deadline = time.monotonic() + 90
@@ -98,15 +130,14 @@ def test_the_shipped_prometheus_gives_the_run_wide_mean_and_std_of_two_processor
     for member in members:
         member.wait(lambda runs: runs.get("run", {}).get("done") is True)
 
-    config = tmp_path / "prometheus"
-    shutil.copytree(PROMETHEUS, config)
+    config = _shipped_config(tmp_path, token, certs.ca)
     text = (config / "prometheus.yml").read_text()
     (config / "prometheus.yml").write_text(
         text.replace("scrape_interval: 15s", "scrape_interval: 1s")
         .replace("evaluation_interval: 15s", "evaluation_interval: 1s")
         .replace("refresh_interval: 30s", "refresh_interval: 1s")
     )
-    targets = [m.url.removeprefix("http://") for m in members]
+    targets = [m.url.removeprefix("https://") for m in members]
     (config / "targets" / "processors.json").write_text(
         orjson.dumps([{"targets": targets}]).decode()
     )
@@ -214,10 +245,20 @@ def test_the_stack_is_wired_together() -> None:
     services = compose["services"]
     processors = sorted(name for name in services if name.startswith("processor-"))
     assert len(processors) == 2
+    secrets = compose["secrets"]
     for name in processors:
         command = services[name]["command"]
-        assert command[command.index("--advertise-url") + 1] == f"http://{name}:9400"
+        assert command[command.index("--advertise-url") + 1] == f"https://{name}:9400"
         assert services[name]["hostname"] == name
+        # the token and TLS files it is told of are secrets it has, defined at the top
+        mounted = {f"/run/secrets/{s}" for s in services[name]["secrets"]}
+        told = services[name]["environment"]
+        names = ("TOKEN_FILE", "CAFILE", "CERTFILE", "KEYFILE")
+        assert set(told) == {f"REWARDSTREAM_HTTP_{k}" for k in names}
+        assert set(told.values()) <= mounted and set(services[name]["secrets"]) <= set(secrets)
+        assert not any("token" in arg and "file" not in arg for arg in command)
+    scraped = {f"/run/secrets/{s}" for s in services["prometheus"]["secrets"]}
+    assert set(SECRETS) <= scraped
     (group,) = orjson.loads((PROMETHEUS / "targets" / "processors.json").read_bytes())
     assert group["targets"] == [f"{name}:9400" for name in processors]
     datasources = yaml.safe_load(
@@ -271,8 +312,21 @@ def test_the_kubernetes_pieces_fit_together() -> None:
     ports = {p["name"] for p in container["ports"]}
     assert {service["spec"]["ports"][0]["targetPort"]} <= ports
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    for probe in ("readinessProbe", "livenessProbe"):  # /healthz: no token, over TLS
+        want = {"path": "/healthz", "port": "http", "scheme": "HTTPS"}
+        assert container[probe]["httpGet"] == want
+    # the token and TLS files the args name are in the Secret rewardstream-http's volume
+    args = container["args"]
+    (mount,) = (m for m in container["volumeMounts"] if m["name"] == "http")
+    (volume,) = (v for v in pod["spec"]["volumes"] if v["name"] == "http")
+    assert volume["secret"]["secretName"] == "rewardstream-http"
+    for option in ("--http-token-file", "--http-certfile", "--http-keyfile", "--http-cafile"):
+        assert Path(args[args.index(option) + 1]).parent == Path(mount["mountPath"])
+    assert args[args.index("--advertise-url") + 1].startswith("https://")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["authorization"]["credentials"]["name"] == "rewardstream-http"
+    assert endpoint["tlsConfig"]["serverName"] == args[args.index("--http-peer-name") + 1]
     config = yaml.safe_load((K8S / "configmap.yaml").read_text())
     known = set(config["data"]) | {e["name"] for e in container["env"]}
     used = {m for arg in container["args"] for m in re.findall(r"\$\((\w+)\)", arg)}

@@ -26,8 +26,9 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
-def make_certs(folder: Path) -> Certs | None:
-    """A CA and two certificates signed by it in ``folder``; None without ``openssl``."""
+def make_certs(folder: Path, server_names: str = "IP:127.0.0.1") -> Certs | None:
+    """A CA and two certificates signed by it in ``folder`` (the server's for
+    ``server_names``, a subjectAltName); None without ``openssl``."""
     if shutil.which("openssl") is None:
         return None
     folder.mkdir(parents=True, exist_ok=True)
@@ -38,7 +39,7 @@ def make_certs(folder: Path) -> Certs | None:
     )
     made = []
     for name, ext in (
-        ("server", "subjectAltName=IP:127.0.0.1"),
+        ("server", f"subjectAltName={server_names}"),
         ("client", "basicConstraints=CA:FALSE"),
     ):
         key, csr, cert = (folder / f"{name}.{s}" for s in ("key", "csr", "crt"))
