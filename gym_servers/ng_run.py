@@ -35,6 +35,7 @@ from rewardstream.command import override_command
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.base import (
     DEFAULT_HOST,
+    SERVER_TYPES,
     ServerSpec,
     base_app,
     json_response,
@@ -312,17 +313,26 @@ class ServerGroup:
                     await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
-        """SIGTERM every child, SIGKILL what is left after 10 s; then close the head server."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
+        """SIGTERM every child, SIGKILL what is left after 10 s; then close the head server.
+        Callers stop before what they call (environment servers, agents, resources servers,
+        models): a request in flight when a collection is interrupted finishes against servers
+        still up, where stopping all at once failed it with a traceback in the log."""
         deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        for kind in reversed(SERVER_TYPES):
+            procs = [
+                self.procs[s.name]
+                for s in self.specs
+                if s.server_type == kind and s.name in self.procs
+            ]
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in procs:
+                while proc.poll() is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

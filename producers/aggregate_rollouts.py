@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import uvloop
 from pydantic import Field
 
-from rewardstream.command import override_command
+from rewardstream.command import override_command, run_loop
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.aggregate import aggregate_metrics
 from rewardstream.overrides import parse_overrides
@@ -410,7 +409,7 @@ def _usage() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     def go(args: list[str]) -> int:
         cfg = validated(AggregateConfig, parse_overrides(args))
-        merged, metrics, coverage = uvloop.run(aggregate(cfg))
+        merged, metrics, coverage = run_loop(aggregate(cfg))
         print("Finished rollout aggregation! View results at:")
         print(f"Merged rollouts: {merged if merged is not None else '<not merged>'}")
         print(f"Aggregate metrics: {metrics}{coverage}")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rewardstream import kafka_options
+from rewardstream.command import run_loop
 from rewardstream.errors import InputError, LineError
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     )  # imported when run: see rewardstream.cli
 
     try:
-        report = asyncio.run(_publish(args))
+        report = run_loop(_publish(args))
     except LineError as exc:  # lines are sent as they are read: say what the topics now hold
         run_id = args.run_id or default_run_id(args.inputs, args.rollouts.stem)
         raise InputError(
@@ -128,7 +129,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     elif args.wait_profile:
-        print(*asyncio.run(_wait(args, report.run_id)), sep="\n")
+        print(*run_loop(_wait(args, report.run_id)), sep="\n")
     return 0
 
 

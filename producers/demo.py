@@ -27,9 +27,9 @@ import uuid
 from pathlib import Path
 
 import orjson
-import uvloop
 from aiokafka.errors import KafkaError
 
+from rewardstream.command import run_loop
 from rewardstream.contract import Topics
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.math_env import DATASET
@@ -145,6 +145,4 @@ def run_demo(
     """Run the demo into ``output_dir``; returns where the profile files are. ``security``:
     Kafka SASL/TLS settings with ``bootstrap`` (default: ``REWARDSTREAM_KAFKA_*``)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return uvloop.run(
-        _demo(output_dir, bootstrap, topic_prefix, repeats, parallel, limit, security)
-    )
+    return run_loop(_demo(output_dir, bootstrap, topic_prefix, repeats, parallel, limit, security))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from rewardstream import http_security, kafka_local, kafka_options
-from rewardstream.command import fail, override_command, package_version, run_guarded
+from rewardstream.command import fail, override_command, package_version, run_guarded, run_loop
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
 from rewardstream.jsonl import check_input_file
 from rewardstream.kafka_options import BOOTSTRAP_HELP
@@ -378,7 +378,7 @@ def _fetch_final(args: argparse.Namespace, out: Path) -> ProfilePaths:
 
     topics = Topics.for_prefix(args.topic_prefix)
     security = kafka_config.from_args(args)
-    return asyncio.run(
+    return run_loop(
         wait_profile(
             args.bootstrap, topics, args.group_id, args.run_id, out, args.timeout, security, True
         )
@@ -391,7 +391,7 @@ def _cmd_profiles_list(args: argparse.Namespace) -> int:
     from rewardstream.engine_contract import EngineTopics
     from rewardstream.sinks.profiles import list_finals
 
-    finals = asyncio.run(
+    finals = run_loop(
         list_finals(
             args.bootstrap,
             kafka_config.from_args(args),

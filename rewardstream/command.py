@@ -71,7 +71,9 @@ def run_loop(main: Coroutine[Any, Any, _T]) -> _T:
     """``uvloop.run(main)``, SIGTERM cancelling ``main`` as Ctrl-C does. Inside the loop a
     handler that raises (:func:`run_guarded`'s) is no use: uvloop logs its exception and goes
     on. So the loop's own handler cancels ``main``, which cleans up; then the signal is
-    raised again, to the handler there was before (143 under :func:`run_guarded`)."""
+    raised again, to the handler there was before (143 under :func:`run_guarded`). Every
+    async command runs its loop here; one that ends normally on a signal (``stream``,
+    ``ng_run``, ``publish --follow``) adds its own handlers over these."""
     import asyncio  # only the commands that run a loop pay for these
 
     import uvloop
@@ -100,10 +102,9 @@ def run_loop(main: Coroutine[Any, Any, _T]) -> _T:
 
     try:
         return uvloop.run(cancelled_by_sigterm())
-    except asyncio.CancelledError:
+    finally:  # also when ``main`` took its cancellation as a normal end: terminated is 143
         if terminated:
             signal.raise_signal(signal.SIGTERM)
-        raise
 
 
 def run_guarded(prog: str, func: Callable[[], int]) -> int:
