@@ -213,7 +213,7 @@ class StreamProcessor:
             shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
             self.url = self.advertise or f"http://{_url_host(shown)}:{bound}"
             log.info("serving snapshots, parts and metrics on http://%s:%d", _url_host(host), bound)
-            await ensure_topics(self.bootstrap, self.security, self.engine_topics)
+            await ensure_topics(self.bootstrap, self.security, self.topics, "processor")
             self._session = aiohttp.ClientSession(timeout=_PART_TIMEOUT)
             stack.push_async_callback(self._session.close)
             secure = self.security.client_kwargs()

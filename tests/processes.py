@@ -18,8 +18,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rewardstream.contract import Topics, task_key
+from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.pipeline import EventKind
+from rewardstream.sinks.profiles import ensure_topics
 
 __all__ = [
     "Processor",
@@ -98,9 +100,11 @@ async def read_topic(
 def send_events(
     bootstrap: str, topics: Topics, events: list[tuple[EventKind, bytes]], run_id: str
 ) -> None:
-    """Send already encoded events, keyed as the publisher keys them."""
+    """Send already encoded events, keyed as the publisher keys them, onto topics shaped as
+    the publisher shapes them (control with one partition, not the broker's default)."""
 
     async def go() -> None:
+        await ensure_topics(bootstrap, KafkaSecurity(), topics, "publisher")
         topic = {"input": topics.inputs, "rollout": topics.rollouts, "control": topics.control}
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
         await producer.start()
