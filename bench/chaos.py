@@ -1257,7 +1257,7 @@ class Trial:
             "member": "future",
         }
         engine = EngineTopics.of(topics)
-        asyncio.run(ensure_topics(self.bootstrap, KafkaSecurity.from_env(), engine))
+        asyncio.run(ensure_topics(self.bootstrap, KafkaSecurity.from_env(), topics, "processor"))
         asyncio.run(_send(self.bootstrap, engine.members, orjson.dumps(newer), b"future"))
         log = self.work / "older.log"
         kept = self.work / "hosts" / "older" / "kept"  # inspected once it has exited

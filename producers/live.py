@@ -25,6 +25,7 @@ from rewardstream.processors.runs import Run
 from rewardstream.producers.lines import MAX_MESSAGE_BYTES, MessageLimit
 from rewardstream.producers.publish import Sender, message_limits
 from rewardstream.sinks.files import ProfilePaths
+from rewardstream.sinks.profiles import ensure_topics
 
 __all__ = ["EventSink", "KafkaSink", "PipelineSink"]
 
@@ -76,7 +77,7 @@ class KafkaSink:
         self.security = security or KafkaSecurity.from_env()  # SASL/TLS settings
         self.warn = warn
         self.error: str | None = None
-        self.dead_letters = topics.dead_letters
+        self.topics, self.dead_letters = topics, topics.dead_letters
         self._topic: dict[EventKind, str] = {
             "input": topics.inputs,
             "rollout": topics.rollouts,
@@ -96,6 +97,7 @@ class KafkaSink:
     async def start(self) -> KafkaSink:
         await start_client(self._producer, self.bootstrap, self.security)
         try:
+            await ensure_topics(self.bootstrap, self.security, self.topics, "publisher")
             topics = list(self._topic.values())
             self._limits = await message_limits(
                 self._producer, self.bootstrap, self.security, topics

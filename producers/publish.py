@@ -66,6 +66,7 @@ from rewardstream.producers.lines import (
 )
 from rewardstream.producers.pages import page_line
 from rewardstream.producers.run_id import default_run_id
+from rewardstream.sinks.profiles import ensure_topics
 
 __all__ = ["PublishReport", "Sender", "message_limits", "publish_files"]
 
@@ -127,6 +128,7 @@ async def publish_files(
     _check_run(run_id, stem)
     topics = topics or Topics.for_prefix()
     security = security or KafkaSecurity.from_env()
+    await ensure_topics(bootstrap, security, topics, "publisher")  # before anything is sent
     if progress:  # the run id and its page now, for watch, snapshot or a browser
         page = await page_line(bootstrap, security, topics, run_id)
         doing = "following" if follow else "publishing"

@@ -15,7 +15,7 @@ from rewardstream.contract import Topics
 from rewardstream.engine_contract import EngineTopics
 from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.sinks.files import ProfilePaths
-from rewardstream.sinks.profiles import fetch_profile
+from rewardstream.sinks.profiles import ensure_topics, fetch_profile
 
 __all__ = ["wait_profile"]
 
@@ -33,9 +33,11 @@ async def wait_profile(
     """The run's final profile, written into ``out`` (group default: ``<prefix>-profiler``);
     its aggregate and difficulty files too with ``extras``."""
     prefix = topics.control.removesuffix(".control")
+    security = security or KafkaSecurity.from_env()
+    await ensure_topics(bootstrap, security, topics)  # else it may wait on the wrong partition
     return await fetch_profile(
         bootstrap,
-        security or KafkaSecurity.from_env(),
+        security,
         EngineTopics.of(topics),
         prefix,
         group or f"{prefix}-profiler",

@@ -389,15 +389,13 @@ def _cmd_profiles_list(args: argparse.Namespace) -> int:
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
     from rewardstream.engine_contract import EngineTopics
-    from rewardstream.sinks.profiles import list_finals
+    from rewardstream.sinks.profiles import ensure_topics, list_finals
 
+    topics, security = Topics.for_prefix(args.topic_prefix), kafka_config.from_args(args)
+    run_loop(ensure_topics(args.bootstrap, security, topics))
     finals = run_loop(
         list_finals(
-            args.bootstrap,
-            kafka_config.from_args(args),
-            EngineTopics.of(Topics.for_prefix(args.topic_prefix)),
-            args.topic_prefix,
-            args.group_id,
+            args.bootstrap, security, EngineTopics.of(topics), args.topic_prefix, args.group_id
         )
     )
     for (group, run_id), final in sorted(finals.items()):

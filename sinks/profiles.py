@@ -12,17 +12,18 @@ and readers (``read_committed``) never see the chunks of an aborted attempt.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 
+from rewardstream.contract import Topics
 from rewardstream.engine_contract import (
     CHUNK_BYTES,
     EngineTopics,
@@ -38,6 +39,7 @@ from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.sinks.files import ProfilePaths, write_files
 
 __all__ = [
+    "Role",
     "ensure_topics",
     "fetch_profile",
     "finals_of",
@@ -51,24 +53,89 @@ __all__ = [
 _COMPACT = {"cleanup.policy": "compact"}
 
 
-async def ensure_topics(bootstrap: str, security: KafkaSecurity, topics: EngineTopics) -> None:
-    """Create the engine's topics (one partition each, compacted) unless they exist; their
-    replication is the broker's default (three on a three-broker ``kafka start``)."""
+Role = Literal["processor", "publisher", "reader"]
+
+
+async def ensure_topics(
+    bootstrap: str, security: KafkaSecurity, topics: Topics, role: Role = "reader"
+) -> None:
+    """Check, once at a command's start, the topic shapes every reader of the prefix relies
+    on; raise :class:`InputError` (one line: the topic, its partitions, what is required and how
+    to fix it) before the command writes anything.
+
+    The control and engine topics are read as one partition (:func:`read_to_end`): records on
+    any other would go unseen. The inputs and rollouts topics must have as many partitions each:
+    a task's input row and its rollouts meet in the partition of the same number (both keyed by
+    task). The shapes come from a metadata request of all topics made here (a consumer's
+    metadata may be stale; one naming a topic would auto-create it).
+
+    A missing topic is created first in its shape by its creator: a ``processor`` creates the
+    engine topics (compacted) and control, a ``publisher`` creates control (auto-creation would
+    give it the broker's ``num.partitions``) and a data topic whose sibling exists (with the
+    sibling's count; two missing data topics are auto-created alike by the first send); a
+    ``reader`` creates nothing. Engine and control replication is the broker's default (three
+    on a three-broker ``kafka start``)."""
+    single = _one_partition(topics)
+    siblings = {topics.inputs: topics.rollouts, topics.rollouts: topics.inputs}
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
     await start_client(admin, bootstrap, security)
     try:
-        existing = set(await admin.list_topics())
-        brokers = len((await admin.describe_cluster())["brokers"])
-        wanted = [
-            NewTopic(name, 1, min(3, brokers), topic_configs=_COMPACT)
-            for name in (topics.members, topics.finals, topics.profiles)
-            if name not in existing
-        ]
+        _check(shapes := await _partitions(admin), topics)  # nothing is created beside a misfit
+        wanted = []
+        if role != "reader":
+            brokers = len((await admin.describe_cluster())["brokers"])
+            mine = single if role == "processor" else (topics.control, *siblings)
+            for name in (n for n in mine if n not in shapes):
+                if name in siblings:
+                    if (sibling := shapes.get(siblings[name])) is not None:
+                        wanted.append(NewTopic(name, len(sibling), len(sibling[0]["replicas"])))
+                else:
+                    configs = {} if name == topics.control else _COMPACT
+                    wanted.append(NewTopic(name, 1, min(3, brokers), topic_configs=configs))
         if wanted:
-            with contextlib.suppress(TopicAlreadyExistsError):  # another processor was first
-                await admin.create_topics(wanted)
+            response = await admin.create_topics(wanted)
+            for name, code, *message in response.topic_errors:
+                if code not in (0, TopicAlreadyExistsError.errno):  # another one was first
+                    why = message[0] if message and message[0] else for_code(code).__name__
+                    raise InputError(f"cannot create topic {name!r}: {why}")
+            _check(await _partitions(admin), topics)  # as another creator may have made them
     finally:
         await admin.close()
+
+
+def _check(shapes: dict[str, list[dict[str, Any]]], topics: Topics) -> None:
+    """Refuse the first topic of ``topics`` whose shape readers cannot rely on."""
+    for name in _one_partition(topics):
+        if name in shapes and len(shapes[name]) != 1:
+            raise InputError(
+                f"topic {name!r} has {len(shapes[name])} partitions; rewardstream reads it as "
+                "one partition and would miss records on the others: recreate it with one "
+                "partition or use another topic prefix"
+            )
+    n_in, n_out = len(shapes.get(topics.inputs, [])), len(shapes.get(topics.rollouts, []))
+    if n_in and n_out and n_in != n_out:
+        raise InputError(
+            f"topic {topics.inputs!r} has {_partitions_of(n_in)} but {topics.rollouts!r} has "
+            f"{_partitions_of(n_out)}: they need as many (a task's input and its rollouts meet "
+            "in the partition of the same number, or its run never completes): recreate one "
+            "with the other's count or use another topic prefix"
+        )
+
+
+def _one_partition(topics: Topics) -> tuple[str, ...]:
+    """The topics read as one partition: the engine's, and control."""
+    engine = EngineTopics.of(topics)
+    return engine.members, engine.finals, engine.profiles, topics.control
+
+
+def _partitions_of(n: int) -> str:
+    return f"{n} partition{'s' * (n != 1)}"
+
+
+async def _partitions(admin: AIOKafkaAdminClient) -> dict[str, list[dict[str, Any]]]:
+    """Every topic's partitions, as the broker has them now (a topic being created may not
+    be listed yet)."""
+    return {t["topic"]: t["partitions"] for t in await admin.describe_topics() if t["partitions"]}
 
 
 def reader(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:

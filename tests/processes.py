@@ -19,8 +19,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rewardstream.contract import Topics, task_key
 from rewardstream.http_security import HttpSecurity, open_url
+from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.pipeline import EventKind
+from rewardstream.sinks.profiles import ensure_topics
 
 __all__ = [
     "Processor",
@@ -103,10 +105,12 @@ def send_events(
     run_id: str,
     timestamp_ms: int | None = None,
 ) -> None:
-    """Send already encoded events, keyed as the publisher keys them (with Kafka timestamp
-    ``timestamp_ms``, ms since the epoch: events sent in the past; default now)."""
+    """Send already encoded events, keyed as the publisher keys them, onto topics shaped as
+    the publisher shapes them (control with one partition, not the broker's default); with
+    Kafka timestamp ``timestamp_ms`` (ms since the epoch: events sent in the past; default now)."""
 
     async def go() -> None:
+        await ensure_topics(bootstrap, KafkaSecurity(), topics, "publisher")
         topic = {"input": topics.inputs, "rollout": topics.rollouts, "control": topics.control}
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
         await producer.start()

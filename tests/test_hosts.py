@@ -23,6 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rewardstream.cli import main
 from rewardstream.contract import Topics
+from rewardstream.kafka_config import KafkaSecurity
+from rewardstream.sinks.profiles import ensure_topics
 from tests.golden import (
     assert_batch_files,
     file_events,
@@ -218,7 +220,8 @@ def test_a_processor_refuses_state_of_a_format_it_does_not_read(
         "member": "future",
     }
 
-    async def plant() -> None:
+    async def plant() -> None:  # into a members topic of one partition, as processors make it
+        await ensure_topics(kafka_bootstrap, KafkaSecurity(), topics, "processor")
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
         try:

@@ -48,6 +48,7 @@ from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
 from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.http import MAX_BODY_BYTES
+from rewardstream.sinks.profiles import ensure_topics
 from rewardstream.sinks.snapshot_wire import MEDIA_TYPE
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 from tests.gym import fast, write_problems
@@ -292,6 +293,7 @@ def loaded(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
             bad.append(("control", _with(started, run_id="stems", output_stem=stem), b"stems"))
 
         async def send() -> None:
+            await ensure_topics(kafka_bootstrap, KafkaSecurity(), topics, "publisher")
             topic = {"input": topics.inputs, "rollout": topics.rollouts, "control": topics.control}
             producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
             await producer.start()
@@ -693,7 +695,7 @@ def test_publish_over_tls_and_stream_over_sasl_with_env_settings(
         await admin.start()
         try:
             await admin.create_topics(
-                [NewTopic(t, num_partitions=2, replication_factor=1) for t in topics]
+                [NewTopic(t, 1 if t == topics.control else 2, 1) for t in topics]
             )
         finally:
             await admin.close()

@@ -13,9 +13,11 @@ from aiokafka import AIOKafkaProducer
 
 from rewardstream.cli import main, ng_reward_profile
 from rewardstream.contract import Topics, task_key
+from rewardstream.kafka_config import KafkaSecurity
 from rewardstream.kafka_local import free_port
 from rewardstream.processors.pipeline import EventKind
 from rewardstream.processors.stream import StreamProcessor
+from rewardstream.sinks.profiles import ensure_topics
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 from tests.processes import read_topic
 
@@ -57,6 +59,9 @@ async def running(
     kafka_bootstrap: str, unique_name: Callable[[str], str], tmp_path: Path
 ) -> AsyncIterator[Running]:
     topics = Topics.for_prefix(unique_name("rs"))
+    # control as the publisher makes it (a send racing the processor's start would auto-create
+    # it with the broker's num.partitions)
+    await ensure_topics(kafka_bootstrap, KafkaSecurity(), topics, "publisher")
     processor = StreamProcessor(kafka_bootstrap, tmp_path / "out", topics)
     port = free_port()
     stop = asyncio.Event()
