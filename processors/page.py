@@ -170,7 +170,12 @@ async def _sampling(view: LiveView) -> None:
 
 def add_page(app: web.Application, view: LiveView) -> None:
     """Serve the page, its assets and its events on ``app``, and sample histories while it
-    runs."""
+    runs. Event streams end when the app shuts down: an open page never holds a stop back
+    (aiohttp would wait for the handler, a minute and more)."""
+    closing = asyncio.Event()
+
+    async def close_streams(_: web.Application) -> None:
+        closing.set()
 
     async def page(_: web.Request) -> web.FileResponse:
         return page_response()
@@ -190,7 +195,7 @@ def add_page(app: web.Application, view: LiveView) -> None:
         await response.prepare(request)
         last, quiet, after = b"", 0.0, -math.inf
         with contextlib.suppress(ConnectionResetError):
-            while True:
+            while not closing.is_set():
                 run = view.pipeline.runs.get(run_id) if run_id else None
                 points = view.history(run_id, after) if run_id else []
                 body = orjson.dumps(
@@ -208,7 +213,8 @@ def add_page(app: web.Application, view: LiveView) -> None:
                 elif quiet >= KEEPALIVE:
                     await response.write(b": idle\n\n")
                     quiet = 0.0
-                await asyncio.sleep(PUSH_EVERY)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(closing.wait(), PUSH_EVERY)
                 quiet += PUSH_EVERY
         return response
 
@@ -223,3 +229,4 @@ def add_page(app: web.Application, view: LiveView) -> None:
     app.router.add_get("/events", events)
     app.router.add_static("/static", STATIC)
     app.cleanup_ctx.append(sampler)
+    app.on_shutdown.append(close_streams)

@@ -205,3 +205,28 @@ def test_members_starting_together_claim_one_output_dir(tmp_path: Path) -> None:
         os.close(start)
         assert [os.waitpid(pid, 0)[1] for pid in children] == [0, 0, 0], attempt
         assert [p.name for p in out.iterdir()] == [".rewardstream-owner.json"]
+
+
+def test_an_open_page_does_not_hold_a_stop_back(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """A browser's event stream open on the live page: SIGTERM still stops the processor
+    promptly with 0 (aiohttp waited for the endless handler, about two minutes)."""
+    prefix = unique_name("rs")
+    asyncio.run(make_topics(kafka_bootstrap, Topics.for_prefix(prefix), 1))
+    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / "processor.log")
+    processors.append(p)
+    p.wait(lambda runs: p.units() != {})
+    host, port = "127.0.0.1", int(p.url.rsplit(":", 1)[1])
+    with socket.create_connection((host, port), timeout=60) as sock:
+        sock.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while b"data: " not in received:  # the stream is open and pushing
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(60) == 0  # a bound for a loaded machine, far below the old ~120 s
