@@ -420,7 +420,7 @@ class Pipeline:
         rollouts = self.units.get(_rollouts_unit(unit))
         part = rollouts.parts.get(run_id) if rollouts is not None else None
         if part is not None and part.unmatched:
-            part.unmatched.pop(key, None)
+            part.row_came(key)
 
     def judge(self, run: Run, final: bool = False) -> None:
         """Park the run's rollouts held here whose key is no materialized row's, now that every
@@ -488,7 +488,7 @@ class Pipeline:
             before = part.duplicates
             new = part.add_rollouts(mine)
             if raw is not None and new and not self._rows_here(unit, {run_id: new}):
-                part.unmatched[new[0].task, new[0].rollout] = raw if first is None else first
+                part.hold((new[0].task, new[0].rollout), raw if first is None else first)
             if self.metrics:
                 self.metrics.rollouts(new)
                 if part.duplicates > before:
@@ -605,12 +605,13 @@ class Pipeline:
         self, run_id: str, received: dict[str, PartView], offsets: dict[str, int]
     ) -> SnapshotSource:
         """The run's parts merged, own and ``received`` from their owners, with the offsets
-        they cover. Reads the live state: call it where the state cannot change under it, i.e.
-        in a forked child (:class:`rewardstream.processors.snapshot.SnapshotJob`). KeyError: unknown
-        run."""
+        they cover; of their rollouts, those whose row is there (as the live figures count
+        them: one waiting for its row, or foreign, is left out). Reads the live state: call it
+        where the state cannot change under it, i.e. in a forked child
+        (:class:`rewardstream.processors.snapshot.SnapshotJob`). KeyError: unknown run."""
         run = self.runs[run_id]
         parts: dict[str, PartView] = {**received, **run.parts}
-        merged = merge_parts((parts[n] for n in sorted(parts)), known_only=run.rows_known)
+        merged = merge_parts((parts[n] for n in sorted(parts)), known_only=True)
         covered = {**offsets, **{n: u.position for n, u in self.units.items()}}
         return SnapshotSource(
             merged, dict(sorted(covered.items())), self.paths(run), self.state_dir

@@ -10,6 +10,8 @@ comes, or until every row of the run is known (then it is foreign).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import random
 import signal
 from collections.abc import Callable, Iterator
@@ -21,9 +23,12 @@ import pytest
 
 from rewardstream.contract import Topics
 from rewardstream.processors.inprocess import finish
+from rewardstream.processors.live import AgentLive, of_state
 from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
+from rewardstream.processors.state import ProfileState
 from tests.golden import assert_batch_files, file_events, generated_collection
 from tests.processes import Processor
+from tests.test_live import _close
 from tests.test_poison import _create_topics as create_topics
 from tests.test_poison import dead_letters, keyed, metrics, send
 
@@ -265,3 +270,63 @@ def test_a_real_processor_parks_each_foreign_rollout_once_and_writes_the_batch_f
             in detail
         )
     assert metrics(two.url)[rejected] == 0  # the rebuild parked nothing again
+
+
+def _snapshot_figures(pipeline: Pipeline, run_id: str) -> tuple[dict[str, AgentLive], int]:
+    """Per agent the figures and the complete tasks a snapshot of the run shows now."""
+    state = pipeline.snapshot_source(run_id, {}, {}).merged.state
+    column = ProfileState.column
+    rows = set(zip(column(state.in_task).tolist(), column(state.in_rollout).tolist(), strict=True))
+    results = set(
+        zip(column(state.res_task).tolist(), column(state.res_rollout).tolist(), strict=True)
+    )
+    tasks = {t for t, _ in rows}
+    complete = [t for t in tasks if all(k in results for k in rows if k[0] == t)]
+    return of_state(state), len(complete)
+
+
+def _same_figures(pipeline: Pipeline, run_id: str, now: float) -> None:
+    """The run's live figures (member summaries and the page: ``whole``, its task figures
+    renewed at ``now``; the gauges: ``live`` and ``tasks_complete``) are a snapshot's."""
+    run = pipeline.runs[run_id]
+    expected, complete = _snapshot_figures(pipeline, run_id)
+    whole = run.whole(now)
+    assert {a: s.rollouts for a, s in whole.items() if s.rollouts} == {
+        a: s.rollouts for a, s in expected.items()
+    }
+    for agent, live in expected.items():
+        _close(whole[agent], live)
+        gauge = run.live()[agent].columns["reward"]
+        assert (gauge.count, gauge.min, gauge.max) == (
+            live.reward.count,
+            live.reward.min,
+            live.reward.max,
+        )
+        assert math.isclose(gauge.mean, live.reward.mean, rel_tol=1e-12)
+    assert run.tasks_complete() == complete
+
+
+@pytest.mark.parametrize("where", ["task", "rollout"])
+def test_live_figures_count_only_rollouts_with_their_row(tmp_path: Path, where: Where) -> None:
+    """A rollout waiting for its row moves no live figure until the row comes; a foreign one
+    (reward 1000, the largest by far) never does, before or after it is judged: at every step
+    the live figures are what a snapshot shows then."""
+    events, _ = collection(tmp_path / "data")
+    event = orjson.loads(foreign(events, where))
+    event["record"]["values"][0] = 1000.0  # its reward
+    odd = orjson.dumps(event)
+    rows = [e for e in events if e[0] == "input"]
+    started = [e for e in events if e[0] == "control"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    with Pipeline(tmp_path / "out", on_reject=lambda r: None) as pipeline:
+        steps = itertools.count(step=1000.0)  # every step past the figures' renewal time
+        for kind, raw in [*started, ("rollout", odd), *rollouts, *rows[:-2]]:
+            pipeline.handle(kind, raw, unit_of(kind, raw))
+            _same_figures(pipeline, "run", next(steps))
+        run = pipeline.runs["run"]
+        assert 0 < run.rollouts < run.expected - 1 and not run.rows_known  # type: ignore[operator]
+        for kind, raw in rows[-2:]:  # the last rows: the run's rows are known, odd is foreign
+            pipeline.handle(kind, raw, unit_of(kind, raw))
+            _same_figures(pipeline, "run", next(steps))
+        assert run.complete and sum(p.foreign for p in run.parts.values()) == 1
+        assert max(s.reward.max for s in run.whole(0.0).values()) <= 1.0
