@@ -26,11 +26,17 @@ from rewardstream.processors.inprocess import finish
 from rewardstream.processors.live import AgentLive, of_state
 from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
 from rewardstream.processors.state import ProfileState
-from tests.golden import assert_batch_files, file_events, generated_collection
+from tests.golden import (
+    assert_batch_files,
+    file_events,
+    generated_collection,
+    partial_batch_profile,
+)
 from tests.processes import Processor
 from tests.test_live import _close
 from tests.test_poison import _create_topics as create_topics
 from tests.test_poison import dead_letters, keyed, metrics, send
+from tests.test_snapshot import take
 
 if TYPE_CHECKING:
     from rewardstream.processors.pipeline import Stray
@@ -330,3 +336,48 @@ def test_live_figures_count_only_rollouts_with_their_row(tmp_path: Path, where: 
             _same_figures(pipeline, "run", next(steps))
         assert run.complete and sum(p.foreign for p in run.parts.values()) == 1
         assert max(s.reward.max for s in run.whole(0.0).values()) <= 1.0
+
+
+def test_a_snapshot_holds_the_rollouts_of_rows_come_and_never_a_foreign_one(
+    tmp_path: Path,
+) -> None:
+    """A snapshot equals ``ng_reward_profile ++allow_partial_rollouts=True`` on the rows come
+    and their real rollouts: first while a task's rows have not come (its rollouts wait; two
+    foreign ones are held), then once every row has come (they are foreign, parked)."""
+    events, data = collection(tmp_path / "data")
+    row_lines = (data / "r_materialized_inputs.jsonl").read_bytes().splitlines(keepends=True)
+    lines = (data / "r.jsonl").read_bytes().splitlines(keepends=True)
+    rows = [e for e in events if e[0] == "input"]
+    started = [e for e in events if e[0] == "control"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    late = TASKS - 1  # the task whose rows come last
+    task_of = [orjson.loads(raw)["task"] for _, raw in rollouts]
+    first = [i for i in range(len(rollouts)) if i < len(rollouts) // 2 or task_of[i] == late]
+    odd: list[tuple[EventKind, bytes]] = [
+        ("rollout", foreign(events, "task")),
+        ("rollout", foreign(events, "rollout")),
+    ]
+    row_task = [orjson.loads(raw)["row"]["_ng_task_index"] for _, raw in rows]
+    early_rows = [i for i in range(len(rows)) if row_task[i] != late]
+    rejected: list[Rejected] = []
+    with Pipeline(tmp_path / "out", on_reject=rejected.append) as pipeline:
+        fed = [*started, *(rows[i] for i in early_rows), odd[0], *(rollouts[i] for i in first)]
+        for kind, raw in [*fed, odd[1]]:
+            pipeline.handle(kind, raw)
+        come = [i for i in first if task_of[i] != late]
+        head = take(pipeline, "run", tmp_path / "snap1")
+        assert head.rollouts == len(come) and rejected == []
+        subset = tmp_path / "rows_come.jsonl"
+        subset.write_bytes(b"".join(row_lines[i] for i in early_rows))
+        partial_batch_profile(subset, [lines[i] for i in come], tmp_path / "batch1", "r")
+        assert_batch_files(tmp_path / "snap1", tmp_path / "batch1", "r")
+        for i in range(len(rows)):  # the late task's rows: every row has come
+            if i not in early_rows:
+                pipeline.handle(*rows[i])
+        assert [r.reason for r in rejected] == ["unknown-key"] * 2
+        head = take(pipeline, "run", tmp_path / "snap2")
+    assert head.rollouts == len(first)
+    partial_batch_profile(
+        data / "r_materialized_inputs.jsonl", [lines[i] for i in first], tmp_path / "batch2", "r"
+    )
+    assert_batch_files(tmp_path / "snap2", tmp_path / "batch2", "r")
