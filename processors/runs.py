@@ -269,6 +269,7 @@ class Part:
         # an input part's (first, last) task and (first, last) rollout, once retired: a later
         # rollout of the run outside them is none of its rows
         self.span: tuple[int, int, int, int] | None = None
+        self.dense = False  # its rows were every key of their span (so a key inside is a row)
         self._keys: _KeySet | _EveryKey = _KeySet()
         self._spill_path = spill_path
         self.spill: Spill | None = None  # opened by the first event
@@ -327,6 +328,8 @@ class Part:
                 ProfileState.column(c) for c in (self.state.in_task, self.state.in_rollout)
             )
             self.span = (int(task.min()), int(task.max()), int(rollout.min()), int(rollout.max()))
+            grid = (self.span[1] - self.span[0] + 1) * (self.span[3] - self.span[2] + 1)
+            self.dense = grid == self.state.num_inputs  # rows are distinct keys
         self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
         self.state, self._keys = ProfileState(), _EveryKey()
         self.unmatched, self.foreign = {}, 0

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 import orjson
 import pytest
 
-from rewardstream.contract import Topics
+from rewardstream.contract import RunFinished, Topics, encode
 from rewardstream.processors.inprocess import finish
 from rewardstream.processors.live import AgentLive, of_state
 from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
@@ -381,3 +381,45 @@ def test_a_snapshot_holds_the_rollouts_of_rows_come_and_never_a_foreign_one(
         data / "r_materialized_inputs.jsonl", [lines[i] for i in first], tmp_path / "batch2", "r"
     )
     assert_batch_files(tmp_path / "snap2", tmp_path / "batch2", "r")
+
+
+def test_a_late_rollout_after_the_final_says_what_is_known_of_its_key(tmp_path: Path) -> None:
+    """After the final, a rollout is ``unknown-key`` only where that is proved (its key outside
+    the final's rows' ranges); otherwise it is ``run-final`` (true whatever its key), and its
+    detail says whether its key is a row: yes (the rows filled their ranges), maybe not (they
+    did not), or not checked (a processor that never held the rows)."""
+    events, _ = collection(tmp_path / "data")
+    rows = [e for e in events if e[0] == "input"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    gap = next(i for i, (_, raw) in enumerate(rows) if b'"_ng_task_index":2,' in raw)
+    key = orjson.loads(rows[gap][1])["row"]
+    no_row = next(
+        raw
+        for _, raw in rollouts
+        if (orjson.loads(raw)["task"], orjson.loads(raw)["rollout"])
+        == (key["_ng_task_index"], key["_ng_rollout_index"])
+    )
+    others = [e for e in rollouts if e[1] != no_row]
+    finished: tuple[EventKind, bytes] = ("control", encode(RunFinished(run_id="run")))
+    for name, sent, late, said in [
+        ("dense", [*rows, *rollouts], rollouts[0][1], "is one of its rows"),
+        ("sparse", [*rows[:gap], *rows[gap + 1 :], *others, finished], no_row, "may be no row"),
+    ]:
+        rejected: list[Rejected] = []
+        with Pipeline(tmp_path / name, on_reject=rejected.append) as pipeline:
+            for kind, raw in [*(e for e in events if e[0] == "control"), *sent]:
+                run = pipeline.handle(kind, raw)
+                if run is not None:
+                    finish(pipeline, run)
+            assert pipeline.runs["run"].done, name
+            pipeline.handle("rollout", late)
+            terminal = pipeline.runs["run"].terminal
+        assert [r.reason for r in rejected] == ["run-final"], name
+        assert said in rejected[0].detail, (name, rejected[0].detail)
+        fresh: list[Rejected] = []  # a processor that learns of the final, holding no rows
+        with Pipeline(tmp_path / f"{name}-fresh", on_reject=fresh.append) as other:
+            assert terminal is not None
+            other.mark_final("run", terminal)
+            other.handle("rollout", late)
+        assert [r.reason for r in fresh] == ["run-final"]
+        assert "its key was not checked: the run's rows are not held here" in fresh[0].detail
