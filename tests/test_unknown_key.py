@@ -423,3 +423,49 @@ def test_a_late_rollout_after_the_final_says_what_is_known_of_its_key(tmp_path: 
             other.handle("rollout", late)
         assert [r.reason for r in fresh] == ["run-final"]
         assert "its key was not checked: the run's rows are not held here" in fresh[0].detail
+
+
+@pytest.mark.kafka
+def test_a_dead_letter_parked_again_after_kill_9_is_the_same_source(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A processor SIGKILLed right after a foreign rollout's dead letter is acknowledged and
+    before the commit that keeps its offset (the test hook of ``_park_strays``): its successor
+    parks it again, a copy with the same key and ``source``, which the chaos checker's count
+    (each source once) counts once; the run ends with the batch files."""
+    from bench.chaos import _reasons
+    from rewardstream.processors.stream import KILL_AFTER_PARK
+
+    prefix = unique_name("keys9")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(create_topics(kafka_bootstrap, topics))
+    events, batch = collection(tmp_path / "data")
+    odd = foreign(events, "task")
+    sent = keyed(with_foreign(events, odd, "before"), "run")
+    held = sent.pop()  # the last real rollout: the run stays open
+    logs = [tmp_path / "one.log", tmp_path / "two.log"]
+    monkeypatch.setenv(KILL_AFTER_PARK, "1")
+    one = Processor(kafka_bootstrap, prefix, tmp_path / "out", logs[0])
+    processors.append(one)
+    monkeypatch.delenv(KILL_AFTER_PARK)
+    send(kafka_bootstrap, topics, sent)
+    try:
+        assert one.proc.wait(timeout=120) == -signal.SIGKILL  # in the window, by the hook
+        two = Processor(kafka_bootstrap, prefix, tmp_path / "out", logs[1])
+        processors.append(two)
+        letters = asyncio.run(dead_letters(kafka_bootstrap, topics.dead_letters, 2))
+        send(kafka_bootstrap, topics, [held])
+        two.wait(lambda runs: bool(runs.get("run", {}).get("done")))
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\n" + "\n".join(p.read_text()[-3000:] for p in logs if p.exists())
+        ) from None
+    assert [r.value for r in letters] == [odd, odd]  # parked again: at least once
+    sources = {dict(r.headers)["source"] for r in letters}
+    assert len(sources) == 1 and {r.key for r in letters} == sources
+    assert _reasons(letters) == {"unknown-key": 1}
+    assert_batch_files(tmp_path / "out" / "run", batch)
