@@ -283,8 +283,18 @@ async def _a_commit(bootstrap: str, group: str, within: float) -> bool:
 
 
 def _reasons(letters: list[ConsumerRecord[bytes, bytes]]) -> dict[str, int]:
-    """How many of ``letters`` (dead letters) there are, by their ``reason`` header."""
-    return dict(Counter(dict(r.headers).get("reason", b"?").decode() for r in letters))
+    """How many of ``letters`` (dead letters) there are, by their ``reason`` header: each
+    ``source`` once (a processor killed before the commit that covers a dead letter parks it
+    again on replay, with the same source)."""
+    seen: set[tuple[bytes, bytes]] = set()
+    count: Counter[str] = Counter()
+    for index, letter in enumerate(letters):
+        headers = dict(letter.headers)
+        reason, source = headers.get("reason", b"?"), headers.get("source") or b"%d" % index
+        if (reason, source) not in seen:
+            seen.add((reason, source))
+            count[reason.decode()] += 1
+    return dict(count)
 
 
 async def _delete_topics(bootstrap: str, topics: Topics) -> None:

@@ -373,9 +373,15 @@ class Pipeline:
     ) -> bool:
         """True when the event's run has its final (or evicted) record: an event the record
         covers (before its cut of the unit: read again after a restart) is a replay, counted
-        and skipped; a later one is rejected (``run-final``/``run-evicted``; ``unknown-key``
-        for a rollout whose ``key`` lies outside the rows its final held here), never dropped
-        silently, for it cannot change a profile that is written."""
+        and skipped; a later one is rejected (``run-final``/``run-evicted``), never dropped
+        silently, for it cannot change a profile that is written.
+
+        A late rollout is ``unknown-key`` only where that is proved: its ``key`` lies outside
+        the ranges of the rows the final held here (their keys are dropped with the part;
+        the ranges stay). Otherwise it is ``run-final``, which is true of it whatever its key
+        (too late for a written profile: publishing it again changes nothing), and its detail
+        says whether its key is a row: yes when the rows filled their ranges, unknown when they
+        did not or when this processor never held them (a restart, or another partition)."""
         run = self.runs.get(run_id)
         if run is None or run.terminal is None:
             return False
@@ -387,10 +393,16 @@ class Pipeline:
         what = "was evicted unfinished" if run.terminal.evicted else "has its final profile"
         detail = f"run {run_id!r} {what}; this event came after it"
         rows = self.units.get(_rows_unit(unit))
-        span = rows.parts[run_id].span if rows is not None and run_id in rows.parts else None
-        if key is not None and span is not None and reason == "run-final":
+        held = rows.parts[run_id] if rows is not None and run_id in rows.parts else None
+        span = held.span if held is not None else None
+        if key is not None and reason == "run-final":
             task, rollout = key
-            if not (span[0] <= task <= span[1] and span[2] <= rollout <= span[3]):
+            if span is None:
+                detail += "; its key was not checked: the run's rows are not held here"
+            elif span[0] <= task <= span[1] and span[2] <= rollout <= span[3]:
+                known = "is one of its rows" if held and held.dense else "may be no row of it"
+                detail += f"; its key (task {task}, rollout {rollout}) {known}"
+            else:
                 reason = "unknown-key"
                 detail = (
                     f"run {run_id!r}: rollout key (task {task}, rollout {rollout}) has no "
@@ -440,7 +452,7 @@ class Pipeline:
         rollouts = self.units.get(_rollouts_unit(unit))
         part = rollouts.parts.get(run_id) if rollouts is not None else None
         if part is not None and part.unmatched:
-            part.unmatched.pop(key, None)
+            part.row_came(key)
 
     def judge(self, run: Run, final: bool = False) -> None:
         """Park the run's rollouts held here whose key is no materialized row's, now that every
@@ -524,7 +536,7 @@ class Pipeline:
             before = part.duplicates
             new = part.add_rollouts(mine)
             if raw is not None and new and not self._rows_here(unit, {run_id: new}):
-                part.unmatched[new[0].task, new[0].rollout] = raw if first is None else first
+                part.hold((new[0].task, new[0].rollout), raw if first is None else first)
             if self.metrics:
                 self.metrics.rollouts(new)
                 if part.duplicates > before:
@@ -641,12 +653,13 @@ class Pipeline:
         self, run_id: str, received: dict[str, PartView], offsets: dict[str, int]
     ) -> SnapshotSource:
         """The run's parts merged, own and ``received`` from their owners, with the offsets
-        they cover. Reads the live state: call it where the state cannot change under it, i.e.
-        in a forked child (:class:`rewardstream.processors.snapshot.SnapshotJob`). KeyError: unknown
-        run."""
+        they cover; of their rollouts, those whose row is there (as the live figures count
+        them: one waiting for its row, or foreign, is left out). Reads the live state: call it
+        where the state cannot change under it, i.e. in a forked child
+        (:class:`rewardstream.processors.snapshot.SnapshotJob`). KeyError: unknown run."""
         run = self.runs[run_id]
         parts: dict[str, PartView] = {**received, **run.parts}
-        merged = merge_parts((parts[n] for n in sorted(parts)), known_only=run.rows_known)
+        merged = merge_parts((parts[n] for n in sorted(parts)), known_only=True)
         covered = {**offsets, **{n: u.position for n, u in self.units.items()}}
         return SnapshotSource(
             merged, dict(sorted(covered.items())), self.paths(run), self.state_dir

@@ -951,7 +951,8 @@ def live_figures(
     states: Sequence[ProfileState], ks: Callable[[int], list[int]] = live_ks
 ) -> dict[str, TaskFigures]:
     """Per agent (the rollout events' agent), the :class:`TaskFigures` of the unmasked results
-    with a numeric reward in ``states``, with pass@k for ``ks(most rollouts of a task)``. Tasks
+    with a numeric reward in ``states`` (but those a state leaves out of its live figures:
+    :meth:`ProfileState.leave_out`), with pass@k for ``ks(most rollouts of a task)``. Tasks
     never span states (each is one partition's), so the states' results are put side by side,
     not merged."""
     found: dict[str, list[tuple[I64, I64, F64, F64]]] = {}
@@ -962,6 +963,8 @@ def live_figures(
         at, tok = _column(state, "reward", schema), _column(state, "output_tokens", schema)
         agent = state.column(state.res_agent)
         keep = (state.column(state.res_masked) == 0) & (agent >= 0) & (at >= 0)
+        if (counted := state.counted()) is not None:  # rollouts with no row here (yet)
+            keep &= counted
         starts, _ = state.value_starts(schema)
         pool = state.column(state.pool)
         reward = pool[starts[keep] + at[keep]]

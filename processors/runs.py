@@ -254,7 +254,9 @@ class Part:
     their row comes, or until the run's rows are all known and the key is none of theirs: then
     it is ``foreign`` (a dead letter, ``unknown-key``; see
     :meth:`rewardstream.processors.pipeline.Pipeline.judge`). Neither counts toward the run's
-    completeness, and the final profile leaves both out (:func:`merge_parts`).
+    completeness nor moves a live figure (the state leaves it out of them:
+    :meth:`ProfileState.leave_out`; nothing is folded in, then taken out again), and finals and
+    snapshots leave both out (:func:`merge_parts`).
     """
 
     def __init__(self, spill_path: Path) -> None:
@@ -267,6 +269,7 @@ class Part:
         # an input part's (first, last) task and (first, last) rollout, once retired: a later
         # rollout of the run outside them is none of its rows
         self.span: tuple[int, int, int, int] | None = None
+        self.dense = False  # its rows were every key of their span (so a key inside is a row)
         self._keys: _KeySet | _EveryKey = _KeySet()
         self._spill_path = spill_path
         self.spill: Spill | None = None  # opened by the first event
@@ -325,10 +328,23 @@ class Part:
                 ProfileState.column(c) for c in (self.state.in_task, self.state.in_rollout)
             )
             self.span = (int(task.min()), int(task.max()), int(rollout.min()), int(rollout.max()))
+            grid = (self.span[1] - self.span[0] + 1) * (self.span[3] - self.span[2] + 1)
+            self.dense = grid == self.state.num_inputs  # rows are distinct keys
         self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
         self.state, self._keys = ProfileState(), _EveryKey()
         self.unmatched, self.foreign = {}, 0
         self.delete()
+
+    def hold(self, key: tuple[int, int], at: int | bytes) -> None:
+        """The rollout of ``key`` just added has no materialized row here (yet): it is
+        ``unmatched`` (``at``: its offset, or its bytes) and left out of the live figures."""
+        self.unmatched[key] = at
+        self.state.leave_out()
+
+    def row_came(self, key: tuple[int, int]) -> None:
+        """The materialized row of ``key`` has come: its rollout, if held, counts now."""
+        if self.unmatched.pop(key, None) is not None:
+            self.state.count_in(key)
 
     def add_input(self, event: Input, checked: CheckedRow | None = None) -> bool:
         """Record one materialized row; False when it was seen before. A bad row raises
@@ -616,20 +632,27 @@ class Run:
 
 def tasks_by_part(parts: Mapping[str, PartView]) -> dict[str, int]:
     """Per part, the tasks with every input row's rollout, each counted in the first part
-    holding its results (a task's events are in one unit of each topic)."""
+    holding its results (a task's events are in one unit of each topic). Only rollouts whose
+    key is a row count: one still waiting for its row, or foreign, completes no task."""
     live = {n: p.state for n, p in parts.items()}
     if not live:  # a done run: every scrape of every run ever profiled comes here
         return {}
-    empty = np.zeros(0, dtype=np.int64)
-    columns = [ProfileState.column(s.in_task) for s in live.values()]
-    tasks, rows = np.unique(np.concatenate([empty, *columns]), return_counts=True)
-    columns = [ProfileState.column(s.res_task) for s in live.values()]
-    res_tasks, results = np.unique(np.concatenate([empty, *columns]), return_counts=True)
+    empty, column = np.zeros(0, dtype=np.int64), ProfileState.column
+    in_task = np.concatenate([empty, *(column(s.in_task) for s in live.values())])
+    in_rollout = np.concatenate([empty, *(column(s.in_rollout) for s in live.values())])
+    tasks, rows = np.unique(in_task, return_counts=True)
+    matched = {
+        name: column(s.res_task)[
+            keys_in(column(s.res_task), column(s.res_rollout), in_task, in_rollout)
+        ]
+        for name, s in live.items()
+    }
+    res_tasks, results = np.unique(np.concatenate([empty, *matched.values()]), return_counts=True)
     both, at_in, at_res = np.intersect1d(tasks, res_tasks, assume_unique=True, return_indices=True)
     left = both[rows[at_in] == results[at_res]]
     out = {}
-    for name, state in live.items():
-        held = np.intersect1d(left, ProfileState.column(state.res_task))
+    for name in live:
+        held = np.intersect1d(left, matched[name])
         out[name] = len(held)
         left = np.setdiff1d(left, held, assume_unique=True)
     return out
@@ -661,8 +684,8 @@ class Merged(NamedTuple):
 
 def merge_parts(parts: Iterable[PartView], known_only: bool = False) -> Merged:
     """One state from many parts (copies: the parts may keep growing); ``known_only``: without
-    the results no row of the parts has (foreign rollouts: a final's, or a snapshot's once
-    the run's rows are all known)."""
+    the results no row of the parts has (a final's and a snapshot's: foreign rollouts, and in a
+    snapshot those whose row has not come yet)."""
     state, readers = ProfileState(), list[Callable[[int], bytes] | None]()
     for part in parts:
         shift = len(readers) << LOCATOR_BITS

@@ -159,8 +159,10 @@ class ProfileState:
         self._schema_ids: dict[tuple[tuple[str, ...], tuple[bool, ...]], int] = {}
         self.res_agent = array("i")  # live-stats agent hint per result (name id, -1: none)
         self._live: dict[str, RunningStats] = {}
-        self._folded = 0  # results [0, _folded) are in _live
+        self._folded = 0  # results [0, _folded) are in _live, but those left out
         self._folded_pool = 0  # their values' length in the pool
+        self._out: set[int] = set()  # results left out of the live figures (see leave_out)
+        self._waiting: dict[tuple[int, int], tuple[int, int]] = {}  # key -> (result, pool at)
 
     # -- ingestion ------------------------------------------------------------------------
     def _name_id(self, name: str | None) -> int:
@@ -458,8 +460,38 @@ class ProfileState:
         if np.any(np.diff(end, prepend=0) < 0) or (end[-1] if len(end) else 0) != info_bytes:
             raise ValueError("inconsistent columns: rollout info offsets do not fit the infos")
 
+    def leave_out(self) -> None:
+        """Leave the last result out of the live figures (:meth:`live`, :meth:`counted`) until
+        :meth:`count_in`: a rollout whose materialized row has not come (never, when none
+        does: a foreign one). It is never folded in first, so nothing is taken out again."""
+        at = self.num_results - 1
+        width = len(self.schemas[self.res_schema[at]][0])
+        self._out.add(at)
+        self._waiting[self.res_task[at], self.res_rollout[at]] = (at, len(self.pool) - width)
+
+    def count_in(self, key: tuple[int, int]) -> None:
+        """The result of ``key``, left out, counts now (its row came): a Welford update per
+        column when the lazy fold of :meth:`live` has passed it."""
+        at, start = self._waiting.pop(key)
+        self._out.discard(at)
+        agent = self.res_agent[at]
+        if at < self._folded and not self.res_masked[at] and agent >= 0:
+            stats = self._live.setdefault(self.names[agent], RunningStats())
+            stats.rollouts += 1
+            for j, name in enumerate(self.schemas[self.res_schema[at]][0]):
+                stats.columns.setdefault(name, Moments()).update(self.pool[start + j])
+
+    def counted(self) -> npt.NDArray[np.bool_] | None:
+        """Per result, whether it is in the live figures (None: all are)."""
+        if not self._out:
+            return None
+        mask = np.ones(self.num_results, dtype=np.bool_)
+        mask[list(self._out)] = False
+        return mask
+
     def live(self) -> dict[str, RunningStats]:
-        """Per-agent running moments of every numeric column over the unmasked results.
+        """Per-agent running moments of every numeric column over the unmasked results (but
+        those left out: :meth:`leave_out`).
 
         Results are folded in lazily, a batch at a time (two-pass moments per batch, merged
         with Chan's formula), so ingestion pays nothing per value and a read costs only the
@@ -471,6 +503,9 @@ class ProfileState:
         schema = np.frombuffer(self.res_schema, np.int32)[lo:hi].copy()
         agent = np.frombuffer(self.res_agent, np.int32)[lo:hi].copy()
         keep = (np.frombuffer(self.res_masked, np.int8)[lo:hi] == 0) & (agent >= 0)
+        if self._out:
+            out = np.fromiter(self._out, np.int64, len(self._out))
+            keep[out[out >= lo] - lo] = False
         starts, total = self.value_starts(schema)
         base = self._folded_pool
         pool = np.frombuffer(self.pool, np.float64)[base : base + total].copy()

@@ -32,6 +32,7 @@ import gc
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -111,6 +112,7 @@ _PARKED_RANGES = 100
 MAX_EVENT_BYTES = 1 << 20  # larger events are dead letters ("oversized"), never parsed
 DEAD_LETTER_CUT = 64 << 10  # what is kept of a dead letter too large to park whole
 COMMIT_FORMAT = 1  # version of the JSON in a committed offset's metadata
+KILL_AFTER_PARK = "REWARDSTREAM_TEST_KILL_AFTER_PARK"  # test hook (see _park_strays)
 
 Batch = dict[TopicPartition, list[ConsumerRecord]]
 
@@ -428,7 +430,11 @@ class StreamProcessor:
     async def _park(
         self, producer: AIOKafkaProducer, event: Rejected, at: str, whole: bool
     ) -> asyncio.Future[object]:
-        """Send one dead letter (cut short unless ``whole``); returns its delivery."""
+        """Send one dead letter (cut short unless ``whole``); returns its delivery. Its key is
+        its ``source`` (``topic:partition:offset``, empty for none): dead letters are at least
+        once (a crash before the commit that covers them parks them again), and a copy has
+        the same key, in the same partition, so readers count each source once (a compacted
+        dead-letter topic keeps one)."""
         headers = [
             ("reason", event.reason.encode()),
             ("kind", event.kind.encode()),
@@ -440,7 +446,7 @@ class StreamProcessor:
             value = value[:DEAD_LETTER_CUT]
             headers.append(("size", b"%d" % len(event.raw)))
         delivery: asyncio.Future[object] = await producer.send(
-            self.topics.dead_letters, value, headers=headers
+            self.topics.dead_letters, value, key=at.encode() or None, headers=headers
         )
         return delivery
 
@@ -706,7 +712,13 @@ class StreamProcessor:
     async def _park_strays(self, producer: AIOKafkaProducer) -> None:
         """Park the rollouts the engine found foreign (``unknown-key``), read again by offset,
         then commit their units at once: the commit's metadata keeps their offsets
-        (:attr:`~rewardstream.processors.runs.Unit.parked`), so a replay parks none again."""
+        (:attr:`~rewardstream.processors.runs.Unit.parked`), so a replay parks none again.
+
+        A crash between the dead letters' acknowledgement and that commit (or more parked
+        ranges than a commit keeps) parks one again on replay: a copy, recognisable as such,
+        for a dead letter is keyed by its ``source`` (see :meth:`_park`). The environment
+        variable :data:`KILL_AFTER_PARK`, set, makes the processor SIGKILL itself in that
+        window: a test hook, nothing else reads it."""
         strays, self.pipeline.strays = self.pipeline.strays, []
         by_unit: dict[str, dict[int, Stray]] = {}
         for stray in strays:
@@ -719,6 +731,8 @@ class StreamProcessor:
             await self._dead_letters(producer)
         finally:
             self._late -= 1
+        if os.environ.get(KILL_AFTER_PARK):  # test hook: a crash in the window (see above)
+            os.kill(os.getpid(), signal.SIGKILL)
         await self.commit(set(by_unit), force=True)
 
     def _stray_at(self, found: dict[int, Stray], record: ConsumerRecord) -> None:

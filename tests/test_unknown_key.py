@@ -10,6 +10,8 @@ comes, or until every row of the run is known (then it is foreign).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import random
 import signal
 from collections.abc import Callable, Iterator
@@ -19,13 +21,22 @@ from typing import TYPE_CHECKING, Literal
 import orjson
 import pytest
 
-from rewardstream.contract import Topics
+from rewardstream.contract import RunFinished, Topics, encode
 from rewardstream.processors.inprocess import finish
+from rewardstream.processors.live import AgentLive, of_state
 from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
-from tests.golden import assert_batch_files, file_events, generated_collection
+from rewardstream.processors.state import ProfileState
+from tests.golden import (
+    assert_batch_files,
+    file_events,
+    generated_collection,
+    partial_batch_profile,
+)
 from tests.processes import Processor
+from tests.test_live import _close
 from tests.test_poison import _create_topics as create_topics
 from tests.test_poison import dead_letters, keyed, metrics, send
+from tests.test_snapshot import take
 
 if TYPE_CHECKING:
     from rewardstream.processors.pipeline import Stray
@@ -265,3 +276,196 @@ def test_a_real_processor_parks_each_foreign_rollout_once_and_writes_the_batch_f
             in detail
         )
     assert metrics(two.url)[rejected] == 0  # the rebuild parked nothing again
+
+
+def _snapshot_figures(pipeline: Pipeline, run_id: str) -> tuple[dict[str, AgentLive], int]:
+    """Per agent the figures and the complete tasks a snapshot of the run shows now."""
+    state = pipeline.snapshot_source(run_id, {}, {}).merged.state
+    column = ProfileState.column
+    rows = set(zip(column(state.in_task).tolist(), column(state.in_rollout).tolist(), strict=True))
+    results = set(
+        zip(column(state.res_task).tolist(), column(state.res_rollout).tolist(), strict=True)
+    )
+    tasks = {t for t, _ in rows}
+    complete = [t for t in tasks if all(k in results for k in rows if k[0] == t)]
+    return of_state(state), len(complete)
+
+
+def _same_figures(pipeline: Pipeline, run_id: str, now: float) -> None:
+    """The run's live figures (member summaries and the page: ``whole``, its task figures
+    renewed at ``now``; the gauges: ``live`` and ``tasks_complete``) are a snapshot's."""
+    run = pipeline.runs[run_id]
+    expected, complete = _snapshot_figures(pipeline, run_id)
+    whole = run.whole(now)
+    assert {a: s.rollouts for a, s in whole.items() if s.rollouts} == {
+        a: s.rollouts for a, s in expected.items()
+    }
+    for agent, live in expected.items():
+        _close(whole[agent], live)
+        gauge = run.live()[agent].columns["reward"]
+        assert (gauge.count, gauge.min, gauge.max) == (
+            live.reward.count,
+            live.reward.min,
+            live.reward.max,
+        )
+        assert math.isclose(gauge.mean, live.reward.mean, rel_tol=1e-12)
+    assert run.tasks_complete() == complete
+
+
+@pytest.mark.parametrize("where", ["task", "rollout"])
+def test_live_figures_count_only_rollouts_with_their_row(tmp_path: Path, where: Where) -> None:
+    """A rollout waiting for its row moves no live figure until the row comes; a foreign one
+    (reward 1000, the largest by far) never does, before or after it is judged: at every step
+    the live figures are what a snapshot shows then."""
+    events, _ = collection(tmp_path / "data")
+    event = orjson.loads(foreign(events, where))
+    event["record"]["values"][0] = 1000.0  # its reward
+    odd = orjson.dumps(event)
+    rows = [e for e in events if e[0] == "input"]
+    started = [e for e in events if e[0] == "control"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    with Pipeline(tmp_path / "out", on_reject=lambda r: None) as pipeline:
+        steps = itertools.count(step=1000.0)  # every step past the figures' renewal time
+        for kind, raw in [*started, ("rollout", odd), *rollouts, *rows[:-2]]:
+            pipeline.handle(kind, raw, unit_of(kind, raw))
+            _same_figures(pipeline, "run", next(steps))
+        run = pipeline.runs["run"]
+        assert 0 < run.rollouts < run.expected - 1 and not run.rows_known  # type: ignore[operator]
+        for kind, raw in rows[-2:]:  # the last rows: the run's rows are known, odd is foreign
+            pipeline.handle(kind, raw, unit_of(kind, raw))
+            _same_figures(pipeline, "run", next(steps))
+        assert run.complete and sum(p.foreign for p in run.parts.values()) == 1
+        assert max(s.reward.max for s in run.whole(0.0).values()) <= 1.0
+
+
+def test_a_snapshot_holds_the_rollouts_of_rows_come_and_never_a_foreign_one(
+    tmp_path: Path,
+) -> None:
+    """A snapshot equals ``ng_reward_profile ++allow_partial_rollouts=True`` on the rows come
+    and their real rollouts: first while a task's rows have not come (its rollouts wait; two
+    foreign ones are held), then once every row has come (they are foreign, parked)."""
+    events, data = collection(tmp_path / "data")
+    row_lines = (data / "r_materialized_inputs.jsonl").read_bytes().splitlines(keepends=True)
+    lines = (data / "r.jsonl").read_bytes().splitlines(keepends=True)
+    rows = [e for e in events if e[0] == "input"]
+    started = [e for e in events if e[0] == "control"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    late = TASKS - 1  # the task whose rows come last
+    task_of = [orjson.loads(raw)["task"] for _, raw in rollouts]
+    first = [i for i in range(len(rollouts)) if i < len(rollouts) // 2 or task_of[i] == late]
+    odd: list[tuple[EventKind, bytes]] = [
+        ("rollout", foreign(events, "task")),
+        ("rollout", foreign(events, "rollout")),
+    ]
+    row_task = [orjson.loads(raw)["row"]["_ng_task_index"] for _, raw in rows]
+    early_rows = [i for i in range(len(rows)) if row_task[i] != late]
+    rejected: list[Rejected] = []
+    with Pipeline(tmp_path / "out", on_reject=rejected.append) as pipeline:
+        fed = [*started, *(rows[i] for i in early_rows), odd[0], *(rollouts[i] for i in first)]
+        for kind, raw in [*fed, odd[1]]:
+            pipeline.handle(kind, raw)
+        come = [i for i in first if task_of[i] != late]
+        head = take(pipeline, "run", tmp_path / "snap1")
+        assert head.rollouts == len(come) and rejected == []
+        subset = tmp_path / "rows_come.jsonl"
+        subset.write_bytes(b"".join(row_lines[i] for i in early_rows))
+        partial_batch_profile(subset, [lines[i] for i in come], tmp_path / "batch1", "r")
+        assert_batch_files(tmp_path / "snap1", tmp_path / "batch1", "r")
+        for i in range(len(rows)):  # the late task's rows: every row has come
+            if i not in early_rows:
+                pipeline.handle(*rows[i])
+        assert [r.reason for r in rejected] == ["unknown-key"] * 2
+        head = take(pipeline, "run", tmp_path / "snap2")
+    assert head.rollouts == len(first)
+    partial_batch_profile(
+        data / "r_materialized_inputs.jsonl", [lines[i] for i in first], tmp_path / "batch2", "r"
+    )
+    assert_batch_files(tmp_path / "snap2", tmp_path / "batch2", "r")
+
+
+def test_a_late_rollout_after_the_final_says_what_is_known_of_its_key(tmp_path: Path) -> None:
+    """After the final, a rollout is ``unknown-key`` only where that is proved (its key outside
+    the final's rows' ranges); otherwise it is ``run-final`` (true whatever its key), and its
+    detail says whether its key is a row: yes (the rows filled their ranges), maybe not (they
+    did not), or not checked (a processor that never held the rows)."""
+    events, _ = collection(tmp_path / "data")
+    rows = [e for e in events if e[0] == "input"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    gap = next(i for i, (_, raw) in enumerate(rows) if b'"_ng_task_index":2,' in raw)
+    key = orjson.loads(rows[gap][1])["row"]
+    no_row = next(
+        raw
+        for _, raw in rollouts
+        if (orjson.loads(raw)["task"], orjson.loads(raw)["rollout"])
+        == (key["_ng_task_index"], key["_ng_rollout_index"])
+    )
+    others = [e for e in rollouts if e[1] != no_row]
+    finished: tuple[EventKind, bytes] = ("control", encode(RunFinished(run_id="run")))
+    for name, sent, late, said in [
+        ("dense", [*rows, *rollouts], rollouts[0][1], "is one of its rows"),
+        ("sparse", [*rows[:gap], *rows[gap + 1 :], *others, finished], no_row, "may be no row"),
+    ]:
+        rejected: list[Rejected] = []
+        with Pipeline(tmp_path / name, on_reject=rejected.append) as pipeline:
+            for kind, raw in [*(e for e in events if e[0] == "control"), *sent]:
+                run = pipeline.handle(kind, raw)
+                if run is not None:
+                    finish(pipeline, run)
+            assert pipeline.runs["run"].done, name
+            pipeline.handle("rollout", late)
+            terminal = pipeline.runs["run"].terminal
+        assert [r.reason for r in rejected] == ["run-final"], name
+        assert said in rejected[0].detail, (name, rejected[0].detail)
+        fresh: list[Rejected] = []  # a processor that learns of the final, holding no rows
+        with Pipeline(tmp_path / f"{name}-fresh", on_reject=fresh.append) as other:
+            assert terminal is not None
+            other.mark_final("run", terminal)
+            other.handle("rollout", late)
+        assert [r.reason for r in fresh] == ["run-final"]
+        assert "its key was not checked: the run's rows are not held here" in fresh[0].detail
+
+
+@pytest.mark.kafka
+def test_a_dead_letter_parked_again_after_kill_9_is_the_same_source(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A processor SIGKILLed right after a foreign rollout's dead letter is acknowledged and
+    before the commit that keeps its offset (the test hook of ``_park_strays``): its successor
+    parks it again, a copy with the same key and ``source``, which the chaos checker's count
+    (each source once) counts once; the run ends with the batch files."""
+    from bench.chaos import _reasons
+    from rewardstream.processors.stream import KILL_AFTER_PARK
+
+    prefix = unique_name("keys9")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(create_topics(kafka_bootstrap, topics))
+    events, batch = collection(tmp_path / "data")
+    odd = foreign(events, "task")
+    sent = keyed(with_foreign(events, odd, "before"), "run")
+    held = sent.pop()  # the last real rollout: the run stays open
+    logs = [tmp_path / "one.log", tmp_path / "two.log"]
+    monkeypatch.setenv(KILL_AFTER_PARK, "1")
+    one = Processor(kafka_bootstrap, prefix, tmp_path / "out", logs[0])
+    processors.append(one)
+    monkeypatch.delenv(KILL_AFTER_PARK)
+    send(kafka_bootstrap, topics, sent)
+    try:
+        assert one.proc.wait(timeout=120) == -signal.SIGKILL  # in the window, by the hook
+        two = Processor(kafka_bootstrap, prefix, tmp_path / "out", logs[1])
+        processors.append(two)
+        letters = asyncio.run(dead_letters(kafka_bootstrap, topics.dead_letters, 2))
+        send(kafka_bootstrap, topics, [held])
+        two.wait(lambda runs: bool(runs.get("run", {}).get("done")))
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\n" + "\n".join(p.read_text()[-3000:] for p in logs if p.exists())
+        ) from None
+    assert [r.value for r in letters] == [odd, odd]  # parked again: at least once
+    sources = {dict(r.headers)["source"] for r in letters}
+    assert len(sources) == 1 and {r.key for r in letters} == sources
+    assert _reasons(letters) == {"unknown-key": 1}
+    assert_batch_files(tmp_path / "out" / "run", batch)
