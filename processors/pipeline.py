@@ -26,6 +26,7 @@ from typing import Literal, NamedTuple, Protocol
 from pydantic import ValidationError
 
 from rewardstream.contract import (
+    Input,
     RejectReason,
     Rollout,
     RunFinished,
@@ -63,6 +64,7 @@ __all__ = [
     "Rejected",
     "RemoteUnit",
     "SnapshotSource",
+    "log_level",
 ]
 
 log = logging.getLogger(__name__)
@@ -147,7 +149,9 @@ class Pipeline:
         self.leader = True  # finishes runs (the owner of rollout-0 in a group)
         self.metrics = metrics
         self.on_reject = on_reject or (
-            lambda r: log.warning("rejected %s event (%s): %s", r.kind, r.reason, r.detail)
+            lambda r: log.log(
+                log_level(r.reason), "rejected %s event (%s): %s", r.kind, r.reason, r.detail
+            )
         )
 
     def close(self) -> None:
@@ -250,13 +254,14 @@ class Pipeline:
                 before = part.duplicates
                 if not part.add_input(ev_in) and self.metrics and part.duplicates > before:
                     self.metrics.duplicate(kind)
+                self._conflicts(kind, run_id, part, [ev_in], [raw])
             elif kind == "rollout":
                 ev_out = decode_rollout(raw)
                 run_id = ev_out.run_id
                 name = unit or "rollout-0"
                 if self._after_final(run_id, kind, raw, name, offset):
                     return None
-                self._fold(name, {run_id: [ev_out]}, offset)
+                self._fold(name, {run_id: [ev_out]}, offset, ([ev_out], [raw]))
             else:
                 control = decode_control(raw)
                 run_id = control.run_id
@@ -297,11 +302,12 @@ class Pipeline:
             return None
         parts: dict[str, Part] = {}
         duplicates = 0
-        for event, row in zip(events, checked, strict=True):
+        for event, row, raw in zip(events, checked, raws, strict=True):
             part = parts.get(event.run_id)
             if part is None:
                 part = parts[event.run_id] = self._part(unit, event.run_id, first)
-            duplicates += not part.add_input(event, row)
+            if not part.add_input(event, row):
+                duplicates += not self._conflicts("input", event.run_id, part, [event], [raw])
         if duplicates and self.metrics:
             self.metrics.duplicate("input", duplicates)
         return self._touched(parts)
@@ -342,7 +348,7 @@ class Pipeline:
         by_run = _by_run(events)
         if self._any_terminal(by_run):
             return None
-        return self._fold(unit, by_run, first)
+        return self._fold(unit, by_run, first, (events, raws))
 
     def _oversized(self, raws: Sequence[bytes]) -> bool:
         """A batch holds an event over ``max_event_bytes`` (:meth:`handle` rejects it)."""
@@ -361,8 +367,15 @@ class Pipeline:
             run.seen = now
         return runs
 
-    def _fold(self, unit: str, by_run: dict[str, list[Rollout]], first: int | None) -> list[Run]:
-        """Add decoded rollouts, by run, to their runs' parts (dropping those seen before)."""
+    def _fold(
+        self,
+        unit: str,
+        by_run: dict[str, list[Rollout]],
+        first: int | None,
+        sent: tuple[Sequence[Rollout], Sequence[bytes]],
+    ) -> list[Run]:
+        """Add decoded rollouts, by run, to their runs' parts (dropping those seen before);
+        ``sent``: the events as they came, and their bytes (for a conflict's dead letter)."""
         for run_id, mine in by_run.items():
             part = self._part(unit, run_id, first)
             before = part.duplicates
@@ -371,7 +384,35 @@ class Pipeline:
                 self.metrics.rollouts(new)
                 if part.duplicates > before:
                     self.metrics.duplicate("rollout", part.duplicates - before)
+            if part.clashes:
+                raw_of = {id(event): raw for event, raw in zip(*sent, strict=True)}
+                raws = [raw_of[id(event)] for event in mine]
+                self._conflicts("rollout", run_id, part, mine, raws)
         return self._touched(by_run)
+
+    def _conflicts(
+        self,
+        kind: EventKind,
+        run_id: str,
+        part: Part,
+        events: Sequence[Input | Rollout],
+        raws: Sequence[bytes],
+    ) -> int:
+        """Reject (``conflict``) the events the part's last call found with a folded key and
+        other content (:attr:`Part.clashes`); returns how many."""
+        clashes, part.clashes = part.clashes, []
+        for at in clashes:
+            event = events[at]
+            task, rollout = (
+                (event.task, event.rollout) if isinstance(event, Rollout) else row_key(event.row)
+            )
+            detail = (
+                f"run {run_id!r} task {task} rollout {rollout}: this {kind} event has the key of "
+                "one already folded, with other content; the first stands (a new collection "
+                "needs its own run id: publish it with a new --run-id)"
+            )
+            self._reject(kind, "conflict", raws[at], detail)
+        return len(clashes)
 
     def _announced(self, run_id: str) -> bool:
         """A run_started was seen, or the run has its terminal record (its run_started may have
@@ -485,6 +526,12 @@ class Pipeline:
 
 
 _NO_COUNTS = PartCounts(0, 0, 0, 0)
+
+
+def log_level(reason: RejectReason) -> int:
+    """How loud a dead letter is logged: a conflict (a run id given to other content) is an
+    error, never routine; the others are warnings."""
+    return logging.ERROR if reason == "conflict" else logging.WARNING
 
 
 def _by_run(events: list[Rollout]) -> dict[str, list[Rollout]]:

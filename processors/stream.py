@@ -66,7 +66,14 @@ from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import make_app, serve
 from rewardstream.processors.live import AgentLive, of_state
 from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
-from rewardstream.processors.pipeline import EventKind, Late, Pipeline, Rejected, RemoteUnit
+from rewardstream.processors.pipeline import (
+    EventKind,
+    Late,
+    Pipeline,
+    Rejected,
+    RemoteUnit,
+    log_level,
+)
 from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
 from rewardstream.sinks.files import ProfilePaths, write_files, write_final
 from rewardstream.sinks.metrics import Metrics
@@ -353,7 +360,8 @@ class StreamProcessor:
     def _reject(self, rejected: Rejected) -> None:
         at = self._at
         source = f"{at.topic}:{at.partition}:{at.offset}" if at is not None else ""
-        log.warning(
+        log.log(
+            log_level(rejected.reason),
             "dead letter from %s (%s event, %s): %s",
             source,
             rejected.kind,
