@@ -320,6 +320,11 @@ class Part:
         return self.state.num_inputs if self.final is None else self.final.inputs
 
     @property
+    def content(self) -> int:
+        """The sum of the folded keys' content digests (kept once retired)."""
+        return self.contents.total
+
+    @property
     def rollouts(self) -> int:
         return self.state.num_results if self.final is None else self.final.rollouts
 
@@ -644,6 +649,12 @@ class PartView(Protocol):
 
     @property
     def duplicates(self) -> int: ...
+
+    @property
+    def conflicts(self) -> int: ...
+
+    @property
+    def content(self) -> int: ...
 
     def taken_infos(self) -> InfoBytes: ...
 

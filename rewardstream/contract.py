@@ -65,6 +65,7 @@ __all__ = [
     "Topics",
     "checked",
     "content_digest",
+    "content_hex",
     "content_sum",
     "decode_control",
     "decode_input",
@@ -583,6 +584,11 @@ def content_sum(digests: Iterable[int]) -> int:
     """The digests of distinct keys summed modulo 2**64: a run's content, whatever the order
     or the partitions its events came through (parts add up; final records carry it)."""
     return sum(digests) & _DIGEST_MASK
+
+
+def content_hex(content: int) -> str:
+    """A run's content (:func:`content_sum`) as a final record carries it: 16 hex digits."""
+    return f"{content:016x}"
 
 
 def reject_reason(exc: Exception) -> RejectReason:

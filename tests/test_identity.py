@@ -4,16 +4,25 @@ dropped as a duplicate (issue 24, finding 2)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import random
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from rewardstream.cli import ng_reward_profile
 from rewardstream.contract import (
     Input,
     Rollout,
+    Topics,
     content_digest,
     content_sum,
     decode_input,
@@ -24,6 +33,9 @@ from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
 from rewardstream.processors.records import extract_result
 from rewardstream.processors.runs import Part
 from rewardstream.sinks.metrics import Metrics
+from tests.golden import assert_batch_files, file_events, generated_collection
+from tests.processes import Processor, make_topics, send_events
+from tests.test_poison import dead_letters
 
 
 def _rollout(task: int, rollout: int, reward: float = 1.0, at: float = 0.0) -> bytes:
@@ -180,3 +192,187 @@ def test_the_digest_reads_content_not_bytes_nor_publish_time() -> None:
     assert content_digest(decode_input(_input(1, 2))) == content_digest(
         Input(run_id="other", line=0, row=row)
     )
+
+
+# ------------------------------------------------------------------ end to end, real Kafka
+
+
+def _publish(bootstrap: str, prefix: str, inputs: Path, rollouts: Path, *extra: str) -> Finished:
+    """``rewardstream publish --wait-profile`` as a user runs it: a process of its own."""
+    argv = [sys.executable, "-m", "rewardstream.cli", "publish", "--inputs", str(inputs)]
+    argv += ["--rollouts", str(rollouts), "--bootstrap", bootstrap, "--topic-prefix", prefix]
+    argv += ["--quiet", "--wait-profile", "--wait-timeout", "90", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+
+
+Finished = subprocess.CompletedProcess[str]
+
+
+def _other_collection(rollouts: Path, batch: Path) -> None:
+    """Write a new collection of the same inputs at ``rollouts`` (a new file at the same path,
+    other rewards), and its batch profile into ``batch``."""
+    lines = []
+    for raw in rollouts.read_bytes().splitlines():
+        row = orjson.loads(raw)
+        row["reward"] = 1.0 - float(row["reward"])
+        lines.append(orjson.dumps(row) + b"\n")
+    fresh = rollouts.with_suffix(".new")
+    fresh.write_bytes(b"".join(lines))
+    os.replace(fresh, rollouts)
+    batch.mkdir()
+    shutil.copy(rollouts, batch / rollouts.name)
+    shutil.copy(rollouts.parent / "r_materialized_inputs.jsonl", batch)
+    argv = [f"+materialized_inputs_jsonl_fpath={batch / 'r_materialized_inputs.jsonl'}"]
+    assert (
+        ng_reward_profile([*argv, f"+rollouts_jsonl_fpath={batch / 'r.jsonl'}", "+quiet=true"]) == 0
+    )
+
+
+def _profiles(folder: Path) -> dict[str, bytes]:
+    return {
+        p.name: p.read_bytes() for p in sorted(folder.glob("r_*")) if "materialized" not in p.name
+    }
+
+
+def _reasons(bootstrap: str, topics: Topics, least: int = 0) -> list[str]:
+    """The reason of every dead letter, once there are at least ``least``."""
+    parked = asyncio.run(dead_letters(bootstrap, topics.dead_letters, least))
+    return [dict(r.headers)["reason"].decode() for r in parked]
+
+
+def _topics(bootstrap: str, prefix: str) -> Topics:
+    """The data topics (2 partitions) and the dead letters' (one), made up front."""
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(bootstrap, topics, 2))
+
+    async def dead_letter_topic() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topics.dead_letters, 1, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(dead_letter_topic())
+    return topics
+
+
+def _start(bootstrap: str, prefix: str, log: Path, processors: list[Processor]) -> None:
+    """A processor, once it owns the four data partitions (its engine topics made)."""
+    processor = Processor(bootstrap, prefix, log.parent / "out", log)
+    processors.append(processor)
+    processor.wait(lambda _: len(processor.units()) == 4)
+
+
+def _copy(tmp_path: Path, inputs: Path, rollouts: Path) -> tuple[Path, Path]:
+    """The collection's two files in a folder of their own, as a NeMo Gym user has them."""
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    for path in (inputs, rollouts):
+        shutil.copy(path, pub / path.name)
+    return pub / inputs.name, pub / rollouts.name
+
+
+@pytest.mark.kafka
+def test_a_new_collection_next_to_unchanged_inputs_is_refused_not_given_the_old_profile(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """Issue 24, finding 1, end to end: the second collection used to get the first one's run
+    id, its events parked as ``run-final`` dead letters, and ``--wait-profile`` wrote the
+    *old* profile next to the new rollouts, exit 0."""
+    inputs, rollouts = generated_collection(tmp_path / "a", tasks=60, repeats=3, seed=5)
+    prefix = unique_name("rs")
+    topics = _topics(kafka_bootstrap, prefix)
+    log = tmp_path / "processor.log"
+    _start(kafka_bootstrap, prefix, log, processors)
+    mine = _copy(tmp_path, inputs, rollouts)
+    pub = mine[1].parent
+    first = _publish(kafka_bootstrap, prefix, *mine)
+    assert first.returncode == 0, first.stderr
+    assert_batch_files(pub, inputs.parent)
+
+    _other_collection(mine[1], tmp_path / "b")  # same path, inputs untouched
+    before = _profiles(pub)
+    second = _publish(kafka_bootstrap, prefix, *mine)
+    assert second.returncode != 0
+    [line] = second.stderr.strip().splitlines()
+    assert "not the profile of" in line and "--run-id" in line, line
+    assert _profiles(pub) == before  # nothing written next to the new rollouts
+    assert _reasons(kafka_bootstrap, topics) == []  # refused up front: nothing sent
+
+    third = _publish(
+        kafka_bootstrap, prefix, pub / inputs.name, pub / rollouts.name, "--run-id", "b"
+    )
+    assert third.returncode == 0, third.stderr
+    assert_batch_files(pub, tmp_path / "b")  # a new run: the new collection's own profile
+
+    # the first collection's files again: already final with this content, nothing sent
+    shutil.copy(rollouts, mine[1])
+    again = _publish(kafka_bootstrap, prefix, *mine)
+    assert again.returncode == 0, again.stderr
+    assert "nothing sent" in again.stderr
+    assert_batch_files(pub, inputs.parent)
+    assert _reasons(kafka_bootstrap, topics) == []
+
+
+@pytest.mark.kafka
+def test_other_content_under_an_open_run_is_a_conflict_and_its_final_is_never_written(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """A collection published halfway (never finished), then another one of the same inputs
+    under the same run id: every key the first sent is a conflict (dead letter, ERROR line),
+    and ``--wait-profile`` refuses the final, which is neither collection's profile."""
+    inputs, rollouts = generated_collection(tmp_path / "a", tasks=40, repeats=3, seed=6)
+    prefix = unique_name("rs")
+    topics = _topics(kafka_bootstrap, prefix)
+    log = tmp_path / "processor.log"
+    _start(kafka_bootstrap, prefix, log, processors)
+    events = file_events(inputs, rollouts, "run", "r", finish=False)
+    half = [e for e in events if e[0] == "input"] + [e for e in events if e[0] == "rollout"][:50]
+    send_events(kafka_bootstrap, topics, half, "run")
+    mine = _copy(tmp_path, inputs, rollouts)
+    _other_collection(mine[1], tmp_path / "b")
+    done = _publish(kafka_bootstrap, prefix, *mine, "--run-id", "run")
+    assert done.returncode != 0
+    [line] = done.stderr.strip().splitlines()
+    assert "50 events of its collection had the key of another" in line, line
+    assert _profiles(mine[1].parent) == {}  # no final written next to the files
+    assert _reasons(kafka_bootstrap, topics, 50) == ["conflict"] * 50
+    errors = [x for x in log.read_text().splitlines() if "ERROR" in x and "conflict" in x]
+    assert len(errors) == 50 and "run 'run' task" in errors[0]
+
+
+@pytest.mark.kafka
+def test_a_publish_run_again_after_a_crash_never_conflicts(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """The rollouts file is the record: what was published of it (the first lines, as a
+    crash leaves it, the last written line never published) comes back the same, so a
+    publish of the whole file afterwards is duplicates and new keys, never a conflict."""
+    inputs, rollouts = generated_collection(tmp_path / "a", tasks=40, repeats=3, seed=7)
+    prefix = unique_name("rs")
+    topics = _topics(kafka_bootstrap, prefix)
+    _start(kafka_bootstrap, prefix, tmp_path / "p.log", processors)
+    run_id = "r-0123abcd"
+    events = file_events(inputs, rollouts, run_id, "r", finish=False)
+    sent = [e for e in events if e[0] == "input"] + [e for e in events if e[0] == "rollout"][:70]
+    send_events(kafka_bootstrap, topics, sent, run_id)  # then the crash
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    for path in (inputs, rollouts):
+        shutil.copy(path, pub / path.name)
+    done = _publish(
+        kafka_bootstrap, prefix, pub / inputs.name, pub / rollouts.name, "--run-id", run_id
+    )
+    assert done.returncode == 0, done.stderr
+    assert_batch_files(pub, inputs.parent)
+    assert _reasons(kafka_bootstrap, topics) == []
