@@ -14,7 +14,9 @@ there.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from pathlib import Path
+from typing import Any
 
 from rewardstream.contract import (
     Topics,
@@ -34,26 +36,36 @@ from rewardstream.sinks.profiles import list_finals
 __all__ = ["Conflict", "files_content", "finals_of_run", "refuse"]
 
 
+Key = tuple[Any, Any]  # a row's (task, rollout), as the collector keeps it
+
+
 class Conflict(InputError):
     """A run id that holds other content than the files given: one line, what to do."""
 
 
-def files_content(inputs: Path, rollouts: Path, run_id: str, answer_key: str | None) -> str:
+def files_content(
+    inputs: Path,
+    rollouts: Path,
+    run_id: str,
+    answer_key: str | None,
+    unsent: tuple[Container[Key], Container[Key]] = ((), ()),
+) -> str:
     """The content (as a final record carries it) of a run holding these files: each key's
-    first input row and first result, decoded as a processor decodes their events."""
+    first input row and first result, decoded as a processor decodes their events, but those
+    of the keys ``unsent`` (of input rows, of results) never sent (too large for a topic)."""
     seen: set[tuple[str, int, int]] = set()
     digests = []
     for event in input_events(inputs, run_id):
         row = decode_input(event.value)
-        key = ("i", *row_key(row.row))
-        if key not in seen:
-            seen.add(key)
+        key = row_key(row.row)
+        if ("i", *key) not in seen and key not in unsent[0]:
+            seen.add(("i", *key))
             digests.append(content_digest(row))
     for event in rollout_events(rollouts, run_id, answer_key):
         result = decode_rollout(event.value)
-        key = ("r", result.task, result.rollout)
-        if key not in seen:
-            seen.add(key)
+        key = (result.task, result.rollout)
+        if ("r", *key) not in seen and key not in unsent[0] and key not in unsent[1]:
+            seen.add(("r", *key))
             digests.append(content_digest(result))
     return content_hex(content_sum(digests))
 

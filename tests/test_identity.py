@@ -16,6 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from aiohttp import web
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rewardstream.cli import ng_reward_profile
@@ -29,11 +30,19 @@ from rewardstream.contract import (
     decode_rollout,
     encode,
 )
+from rewardstream.engine_contract import EngineTopics, FinalRecord
+from rewardstream.kafka_config import KafkaSecurity
+from rewardstream.names import ProfilePaths
 from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
 from rewardstream.processors.records import extract_result
 from rewardstream.processors.runs import Part
+from rewardstream.producers.collect import CollectConfig, collect
+from rewardstream.producers.content import Conflict, files_content
+from rewardstream.producers.live import KafkaSink
 from rewardstream.sinks.metrics import Metrics
+from rewardstream.sinks.profiles import list_finals
 from tests.golden import assert_batch_files, file_events, generated_collection
+from tests.gym import serve, write_problems
 from tests.processes import Processor, make_topics, send_events
 from tests.test_poison import dead_letters
 
@@ -366,13 +375,109 @@ def test_a_publish_run_again_after_a_crash_never_conflicts(
     events = file_events(inputs, rollouts, run_id, "r", finish=False)
     sent = [e for e in events if e[0] == "input"] + [e for e in events if e[0] == "rollout"][:70]
     send_events(kafka_bootstrap, topics, sent, run_id)  # then the crash
-    pub = tmp_path / "pub"
-    pub.mkdir()
-    for path in (inputs, rollouts):
-        shutil.copy(path, pub / path.name)
-    done = _publish(
-        kafka_bootstrap, prefix, pub / inputs.name, pub / rollouts.name, "--run-id", run_id
-    )
+    mine = _copy(tmp_path, inputs, rollouts)
+    done = _publish(kafka_bootstrap, prefix, *mine, "--run-id", run_id)
     assert done.returncode == 0, done.stderr
-    assert_batch_files(pub, inputs.parent)
+    assert_batch_files(mine[1].parent, inputs.parent)
     assert _reasons(kafka_bootstrap, topics) == []
+    [final] = asyncio.run(_finals(kafka_bootstrap, topics)).values()
+    assert (final.conflicts, final.content) == (0, files_content(*mine, run_id, None))
+
+
+async def _finals(bootstrap: str, topics: Topics) -> dict[tuple[str, str], FinalRecord]:
+    prefix = topics.control.removesuffix(".control")
+    return await list_finals(bootstrap, KafkaSecurity(), EngineTopics.of(topics), prefix, None)
+
+
+class _Crash(Exception):
+    """The collector dies here: its line is on disk, its event never sent."""
+
+
+class _CrashingSink(KafkaSink):
+    """The live sink of a collector that dies right after the durable write of its
+    ``crash_at``-th result, before that result is published."""
+
+    def __init__(self, bootstrap: str, topics: Topics, crash_at: int) -> None:
+        super().__init__(bootstrap, topics)
+        self.crash_at, self.results = crash_at, 0
+
+    async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
+        if kind == "rollout":
+            self.results += 1
+            if self.results == self.crash_at:
+                raise _Crash(where)
+        return await super().send(kind, key, value, where)
+
+
+async def _agent(request: web.Request) -> web.Response:
+    """A deterministic agent: the same row always gets the same result."""
+    row = orjson.loads(await request.read())
+    reward = (row["_ng_task_index"] * 7 + row["_ng_rollout_index"]) % 3 / 2
+    return web.json_response({"response": {}, "reward": reward} | row)
+
+
+@pytest.mark.kafka
+async def test_a_resumed_collection_never_conflicts_and_a_final_one_is_sent_nothing(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """The collector writes a result, then publishes it: killed between the two, its resume
+    publishes the file's lines (the record), never other content; resumed once more with
+    nothing left to run, it sends nothing to the final run (no ``run-final`` dead letters) and
+    writes that final; a new collection given the final run's id is refused up front."""
+    prefix = unique_name("rs")
+    topics = await asyncio.to_thread(_topics, kafka_bootstrap, prefix)
+    await asyncio.to_thread(_start, kafka_bootstrap, prefix, tmp_path / "p.log", processors)
+    runner, url = await serve({"/run": _agent})
+    try:
+        cfg = CollectConfig.model_validate(
+            {
+                "input_jsonl_fpath": write_problems(tmp_path / "problems.jsonl", 12),
+                "output_jsonl_fpath": tmp_path / "out" / "r.jsonl",
+                "num_repeats": 2,
+                "agent_url": url,
+                "num_samples_in_parallel": 1,
+                "kafka_bootstrap_servers": kafka_bootstrap,
+                "kafka_topic_prefix": prefix,
+                "kafka_wait_profile_timeout_s": 90,
+                "quiet": True,
+            }
+        )
+        sink = await _CrashingSink(kafka_bootstrap, topics, crash_at=9).start()
+        with pytest.raises(_Crash):
+            await collect(cfg, sink)
+        rollouts = tmp_path / "out" / "r.jsonl"
+        assert rollouts.read_bytes().count(b"\n") == 9  # written; 8 of them published
+
+        resumed = cfg.model_copy(update={"resume_from_cache": True, "kafka_wait_profile": True})
+        report = await collect(resumed)
+        assert (report.cached, report.completed) == (9, 15)
+        batch = tmp_path / "batch"
+        batch.mkdir()
+        for path in (rollouts, rollouts.with_name("r_materialized_inputs.jsonl")):
+            shutil.copy(path, batch / path.name)
+        argv = [f"+materialized_inputs_jsonl_fpath={batch / 'r_materialized_inputs.jsonl'}"]
+        argv += [f"+rollouts_jsonl_fpath={batch / 'r.jsonl'}", "+quiet=true"]
+        assert ng_reward_profile(argv) == 0
+        assert_batch_files(rollouts.parent, batch)
+        [final] = (await _finals(kafka_bootstrap, topics)).values()
+        assert final.conflicts == 0 and final.content == files_content(
+            rollouts.with_name("r_materialized_inputs.jsonl"), rollouts, report.run_id, None
+        )
+
+        for path in ProfilePaths.next_to(rollouts):
+            path.unlink()
+        again = await collect(resumed)  # nothing left to run: nothing sent, the final written
+        assert (again.cached, again.completed, again.run_id) == (24, 0, report.run_id)
+        assert_batch_files(rollouts.parent, batch)
+        assert await asyncio.to_thread(_reasons, kafka_bootstrap, topics) == []
+
+        fresh = cfg.model_copy(
+            update={"kafka_run_id": report.run_id, "output_jsonl_fpath": tmp_path / "new.jsonl"}
+        )
+        with pytest.raises(Conflict, match="a new collection cannot enter it"):
+            await collect(fresh)
+    finally:
+        await runner.cleanup()
