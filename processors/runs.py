@@ -364,12 +364,12 @@ class Part:
         conflict: :meth:`_again`). A bad row raises
         :class:`InvalidRow` and leaves its key unseen (a good copy may still come); a row
         ``checked`` already (:func:`checked_row`) cannot be bad."""
-        key = checked.key if checked is not None else row_key(event.row)
+        if checked is None:  # a bad row, seen or not, is refused before its digest is taken
+            checked = checked_row(event.row)
+        key = checked.key
         if key in self._keys:
             self._again(0, content_digest(event), key)
             return False
-        if checked is None:
-            checked = checked_row(event.row)
         spill = self._spill()
         self.state.add_input(event.row, spill.size, event.line, key, checked.names)
         spill.append(checked.sample)

@@ -146,6 +146,19 @@ def test_an_input_row_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
         assert _rejected(metrics, "input", "conflict") == 2
 
 
+def test_a_row_too_deep_to_write_back_is_rejected_even_when_its_key_was_seen(
+    tmp_path: Path,
+) -> None:
+    """Its digest cannot be taken (msgpack recurses no deeper than orjson writes): refused
+    as invalid, as a row of a new key is, never a crash of the fold."""
+    rejected: list[Rejected] = []
+    deep = _input(0, 0).replace(b'"question":"q"', b'"question":' + b"[" * 900 + b"]" * 900)
+    with Pipeline(tmp_path, rejected.append) as pipeline:
+        _apply(pipeline, "input", [[_input(0, 0)]], batch=False)
+        _apply(pipeline, "input", [[deep]], batch=False)
+    assert [r.reason for r in rejected] == ["invalid-event"]
+
+
 def test_a_key_looked_up_again_after_more_keys_came_is_judged_by_its_own_content(
     tmp_path: Path,
 ) -> None:
