@@ -572,6 +572,10 @@ class Run:
         return sum(p.duplicates for p in self.parts.values())
 
     @property
+    def conflicts(self) -> int:
+        return sum(p.conflicts for p in self.parts.values())
+
+    @property
     def complete(self) -> bool:
         """Every expected rollout (and every input row) has arrived."""
         return self.expected is not None and self.rollouts == self.expected == self.inputs

@@ -99,7 +99,7 @@ def test_a_rollout_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
         ]
         _apply(pipeline, "rollout", [first, again], batch)
         run = pipeline.runs["r"]
-        assert (run.rollouts, run.duplicates) == (4, 1)
+        assert (run.rollouts, run.duplicates, run.conflicts) == (4, 1, 2)
         assert [r.reason for r in rejected] == ["conflict", "conflict"]
         assert [r.raw for r in rejected] == [again[1], again[3]]
         assert "run 'r' task 0 rollout 1" in rejected[0].detail
@@ -368,6 +368,7 @@ def test_other_content_under_an_open_run_is_a_conflict_and_its_final_is_never_wr
     assert _reasons(kafka_bootstrap, topics, 50) == ["conflict"] * 50
     errors = [x for x in log.read_text().splitlines() if "ERROR" in x and "conflict" in x]
     assert len(errors) == 50 and "run 'run' task" in errors[0]
+    assert processors[0].runs()["run"]["conflicts"] == 50  # /runs says so too
 
 
 @pytest.mark.kafka
