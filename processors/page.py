@@ -79,6 +79,8 @@ class LiveView:
             # events seen before (a resumed or re-run collection, a redelivery):
             # each counted once, these copies ignored; not an error
             "duplicates_dropped": run.duplicates,
+            # events of a held key with other content (conflict dead letters): an error
+            "conflicts": run.conflicts,
             # failed attempts the collector reported (retried or not): never results
             "failed_attempts": run.failed_attempts,
             "failure_rate": _share(run.failed_attempts, run.failed_attempts + run.rollouts),

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 FORMAT = "rewardstream.part"
-VERSION = 3  # 2: results carry answer identities (res_answer); 3: exact ints beyond 2**53 (big_*)
+VERSION = 4  # 2: answer identities (res_answer); 3: exact ints beyond 2**53 (big_*); 4: content
 PART_LIST_TYPE = "application/vnd.rewardstream.parts.v1"
 """A processor's answer to a part request (``GET /parts/<run_id>``): one JSON line,
 ``{"units": {unit: position}}`` for every unit it owns (a unit with no part of the run still
@@ -48,7 +48,7 @@ says how far it is consumed), then the parts as :func:`encode_parts` writes them
 ``unit`` in its identity (:func:`encode_answer`, :func:`decode_answer`)."""
 
 _LENGTH = struct.Struct(">Q")  # before each part of a several-part body
-_COUNTS = ("inputs", "rollouts", "duplicates")
+_COUNTS = ("inputs", "rollouts", "duplicates", "conflicts", "content")
 _STATE_KEYS = ("names", "schemas", "counts", "sections")  # the state's header
 _RESERVED = frozenset(("format", "v", "byteorder", *_COUNTS, *_STATE_KEYS))
 
@@ -75,7 +75,7 @@ def _chunks(
         at = [name for name, _, _ in header["sections"]].index("in_locator")
         sections[at], samples = _only_sampled(state.column(state.in_locator), samples, sampled)
     header["sections"].append(["samples", "B", len(samples)])
-    counts = {"inputs": part.inputs, "rollouts": part.rollouts, "duplicates": part.duplicates}
+    counts = {name: getattr(part, name) for name in _COUNTS}
     first = {"format": FORMAT, "v": VERSION, "byteorder": sys.byteorder, **identity, **counts}
     line = orjson.dumps(first | header, option=orjson.OPT_APPEND_NEWLINE)
     size = len(line) + sum(nbytes for _, _, nbytes in header["sections"])
@@ -144,6 +144,14 @@ class ReceivedPart:
     @property
     def duplicates(self) -> int:
         return int(self.header["duplicates"])
+
+    @property
+    def conflicts(self) -> int:
+        return int(self.header["conflicts"])
+
+    @property
+    def content(self) -> int:
+        return int(self.header["content"])
 
     def taken_infos(self) -> InfoBytes:
         return b""  # the state holds every entry (ProfileState.from_columns)

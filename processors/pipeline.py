@@ -77,6 +77,7 @@ __all__ = [
     "RemoteUnit",
     "SnapshotSource",
     "Stray",
+    "log_level",
 ]
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,9 @@ class Pipeline:
         self.strays: list[Stray] = []  # foreign rollouts for the transport to park
         self.metrics = metrics
         self.on_reject = on_reject or (
-            lambda r: log.warning("rejected %s event (%s): %s", r.kind, r.reason, r.detail)
+            lambda r: log.log(
+                log_level(r.reason), "rejected %s event (%s): %s", r.kind, r.reason, r.detail
+            )
         )
 
     def close(self) -> None:
@@ -293,6 +296,7 @@ class Pipeline:
                     self._row_came(name, run_id, row_key(ev_in.row))
                 elif self.metrics and part.duplicates > before:
                     self.metrics.duplicate(kind)
+                self._conflicts(kind, run_id, part, [ev_in], [raw])
             elif kind == "rollout":
                 ev_out = decode_rollout(raw)
                 run_id = ev_out.run_id
@@ -300,7 +304,7 @@ class Pipeline:
                 key = (ev_out.task, ev_out.rollout)
                 if self._after_final(run_id, kind, raw, name, offset, key):
                     return None
-                self._fold(name, {run_id: [ev_out]}, offset, raw)
+                self._fold(name, {run_id: [ev_out]}, offset, ([ev_out], [raw]), one=True)
             else:
                 control = decode_control(raw)
                 run_id = control.run_id
@@ -347,14 +351,14 @@ class Pipeline:
             return None
         parts: dict[str, Part] = {}
         duplicates = 0
-        for event, row in zip(events, checked, strict=True):
+        for event, row, raw in zip(events, checked, raws, strict=True):
             part = parts.get(event.run_id)
             if part is None:
                 part = parts[event.run_id] = self._part(unit, event.run_id, first)
             if part.add_input(event, row):
                 self._row_came(unit, event.run_id, row.key)
             else:
-                duplicates += 1
+                duplicates += not self._conflicts("input", event.run_id, part, [event], [raw])
         if duplicates and self.metrics:
             self.metrics.duplicate("input", duplicates)
         runs = self._touched(parts, unit, _newest(events, timestamps))
@@ -435,7 +439,7 @@ class Pipeline:
         by_run = _by_run(events)
         if self._any_terminal(by_run) or not self._rows_here(unit, by_run):
             return None
-        runs = self._fold(unit, by_run, first)
+        runs = self._fold(unit, by_run, first, (events, raws))
         return self._touched(runs, unit, _newest(events, timestamps))
 
     def _rows_here(self, unit: str, by_run: dict[str, list[Rollout]]) -> bool:
@@ -526,22 +530,53 @@ class Pipeline:
         unit: str,
         by_run: dict[str, list[Rollout]],
         first: int | None,
-        raw: bytes | None = None,
+        sent: tuple[Sequence[Rollout], Sequence[bytes]],
+        one: bool = False,
     ) -> list[str]:
         """Add decoded rollouts, by run, to their runs' parts (dropping those seen before); the
-        runs' ids. With ``raw``, one event (at offset ``first``) whose row may not be here:
-        held unmatched (its offset, or its bytes when it has none)."""
+        runs' ids. ``sent``: the events as they came, and their bytes (for a conflict's dead
+        letter); ``one``: a single event (at offset ``first``) whose row may not be here: held
+        unmatched (its offset, or its bytes when it has none)."""
         for run_id, mine in by_run.items():
             part = self._part(unit, run_id, first)
             before = part.duplicates
             new = part.add_rollouts(mine)
-            if raw is not None and new and not self._rows_here(unit, {run_id: new}):
-                part.hold((new[0].task, new[0].rollout), raw if first is None else first)
+            if one and new and not self._rows_here(unit, {run_id: new}):
+                at = sent[1][0] if first is None else first
+                part.hold((new[0].task, new[0].rollout), at)
             if self.metrics:
                 self.metrics.rollouts(new)
                 if part.duplicates > before:
                     self.metrics.duplicate("rollout", part.duplicates - before)
+            if part.clashes:
+                raw_of = {id(event): raw for event, raw in zip(*sent, strict=True)}
+                raws = [raw_of[id(event)] for event in mine]
+                self._conflicts("rollout", run_id, part, mine, raws)
         return list(by_run)
+
+    def _conflicts(
+        self,
+        kind: EventKind,
+        run_id: str,
+        part: Part,
+        events: Sequence[Input | Rollout],
+        raws: Sequence[bytes],
+    ) -> int:
+        """Reject (``conflict``) the events the part's last call found with a folded key and
+        other content (:attr:`Part.clashes`); returns how many."""
+        clashes, part.clashes = part.clashes, []
+        for at in clashes:
+            event = events[at]
+            task, rollout = (
+                (event.task, event.rollout) if isinstance(event, Rollout) else row_key(event.row)
+            )
+            detail = (
+                f"run {run_id!r} task {task} rollout {rollout}: this {kind} event has the key of "
+                "one already folded, with other content; the first stands (a new collection "
+                "needs its own run id: publish it with a new --run-id)"
+            )
+            self._reject(kind, "conflict", raws[at], detail)
+        return len(clashes)
 
     def _announced(self, run_id: str) -> bool:
         """A run_started was seen, or the run has its terminal record (its run_started may have
@@ -706,6 +741,12 @@ def _newest(
     for event, stamp in zip(events, timestamps, strict=True):
         newest[event.run_id] = max(stamp, newest.get(event.run_id, stamp))
     return newest
+
+
+def log_level(reason: RejectReason) -> int:
+    """How loud a dead letter is logged: a conflict (a run id given to other content) is an
+    error, never routine; the others are warnings."""
+    return logging.ERROR if reason == "conflict" else logging.WARNING
 
 
 def _by_run(events: list[Rollout]) -> dict[str, list[Rollout]]:

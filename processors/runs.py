@@ -27,14 +27,24 @@ import math
 import mmap
 import os
 import time
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import compress
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
-from rewardstream.contract import AttemptFailed, Input, Rollout, RunStarted
+from rewardstream.contract import (
+    AttemptFailed,
+    Input,
+    Rollout,
+    RunStarted,
+    content_digest,
+    content_sum,
+)
 from rewardstream.errors import InvalidRow
 from rewardstream.processors.live import AgentLive, merge_agents, summarize
 from rewardstream.processors.passk import curve_ks
@@ -212,6 +222,63 @@ class _EveryKey:
         return False
 
 
+class _Contents:
+    """The content digest (:func:`~rewardstream.contract.content_digest`) of each folded key, in
+    the order the part's state holds the keys (8 B per key), and their sum (the part's share of
+    the run's content, :func:`~rewardstream.contract.content_sum`).
+
+    A key's digest is looked up only when its key comes again (a redelivery, a republish): the
+    index from key to position is built then, sorted in numpy (16 B per key, kept from then
+    on), not as a dict (~100 B per key).
+    """
+
+    def __init__(self) -> None:
+        self.digests = array("Q")
+        self.total = 0
+        self._indexed = 0  # positions [0, _indexed) are in the index
+        self._sorted: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)  # packed keys
+        self._at: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)  # their positions
+        self._other: dict[tuple[int, int], int] = {}  # keys not packable, or indexed since
+
+    def add(self, digest: int) -> None:
+        self.digests.append(digest)
+        self.total = content_sum((self.total, digest))
+
+    def extend(self, digests: list[int]) -> None:
+        self.digests.extend(digests)
+        self.total = content_sum((self.total, *digests))
+
+    def digest_of(self, key: tuple[int, int], columns: tuple[array[int], array[int]]) -> int:
+        """The digest of a folded key, whose position ``columns`` (tasks, rollouts) hold."""
+        if self._indexed < len(self.digests):
+            self._index(*columns)
+        packed = _packed(*key)
+        if packed is not None:
+            i = int(np.searchsorted(self._sorted, packed))
+            if i < len(self._sorted) and self._sorted[i] == packed:
+                return self.digests[int(self._at[i])]
+        return self.digests[self._other[key]]
+
+    def _index(self, tasks: array[int], rollouts: array[int]) -> None:
+        """Index the positions not indexed yet: a few into the dict, else all sorted again."""
+        begin, end = self._indexed, len(self.digests)
+        self._indexed = end
+        if end - begin < max(begin, 1024) // 8:
+            self._other.update(((tasks[at], rollouts[at]), at) for at in range(begin, end))
+            return
+        task, rollout = ProfileState.column(tasks)[:end], ProfileState.column(rollouts)[:end]
+        fits = (rollout >= 0) & (rollout < 4096) & (np.abs(task) < 1 << 50)
+        packed = task[fits] * 4096 + rollout[fits]
+        order = np.argsort(packed, kind="stable")
+        self._sorted, self._at = packed[order], np.flatnonzero(fits)[order]
+        self._other = {(tasks[at], rollouts[at]): at for at in np.flatnonzero(~fits).tolist()}
+
+
+def _packed(task: int, rollout: int) -> int | None:
+    """``(task, rollout)`` as one int64 (None when it does not fit: see :class:`_Contents`)."""
+    return task * 4096 + rollout if 0 <= rollout < 4096 and abs(task) < 1 << 50 else None
+
+
 class PartCounts(NamedTuple):
     """What a run's final profile holds of one unit: counted events and completed tasks (its
     final record keeps them per unit)."""
@@ -271,6 +338,9 @@ class Part:
         self.span: tuple[int, int, int, int] | None = None
         self.dense = False  # its rows were every key of their span (so a key inside is a row)
         self._keys: _KeySet | _EveryKey = _KeySet()
+        self.contents = _Contents()
+        self.conflicts = 0  # events of a folded key with other content (dead letters)
+        self.clashes: list[int] = []  # the last call's conflicting events, by index
         self._spill_path = spill_path
         self.spill: Spill | None = None  # opened by the first event
         # (rollouts, when) of the task figures in the summary, and the figures
@@ -285,6 +355,11 @@ class Part:
     @property
     def inputs(self) -> int:
         return self.state.num_inputs if self.final is None else self.final.inputs
+
+    @property
+    def content(self) -> int:
+        """The sum of the folded keys' content digests (kept once retired)."""
+        return self.contents.total
 
     @property
     def rollouts(self) -> int:
@@ -333,6 +408,8 @@ class Part:
         self.final = Final(self.inputs, self.rollouts, tasks, self.state.live())
         self.state, self._keys = ProfileState(), _EveryKey()
         self.unmatched, self.foreign = {}, 0
+        total, self.contents = self.contents.total, _Contents()
+        self.contents.total = total
         self.delete()
 
     def hold(self, key: tuple[int, int], at: int | bytes) -> None:
@@ -347,19 +424,21 @@ class Part:
             self.state.count_in(key)
 
     def add_input(self, event: Input, checked: CheckedRow | None = None) -> bool:
-        """Record one materialized row; False when it was seen before. A bad row raises
+        """Record one materialized row; False when its key was seen before (a duplicate, or a
+        conflict: :meth:`_again`). A bad row raises
         :class:`InvalidRow` and leaves its key unseen (a good copy may still come); a row
         ``checked`` already (:func:`checked_row`) cannot be bad."""
-        key = checked.key if checked is not None else row_key(event.row)
-        if key in self._keys:
-            self.duplicates += 1
-            return False
-        if checked is None:
+        if checked is None:  # a bad row, seen or not, is refused before its digest is taken
             checked = checked_row(event.row)
+        key = checked.key
+        if key in self._keys:
+            self._again(0, content_digest(event), key)
+            return False
         spill = self._spill()
         self.state.add_input(event.row, spill.size, event.line, key, checked.names)
         spill.append(checked.sample)
         self._keys.add(*key)
+        self.contents.add(content_digest(event))
         return True
 
     def add_rollout(self, event: Rollout) -> bool:
@@ -368,11 +447,12 @@ class Part:
 
     def add_rollouts(self, events: Sequence[Rollout]) -> list[Rollout]:
         """Record rollouts in order; returns those not seen before (the others are counted as
-        duplicates)."""
+        duplicates, or as conflicts: :meth:`_again`)."""
         add = self._keys.add
-        new = [event for event in events if add(event.task, event.rollout)]
-        self.duplicates += len(events) - len(new)
+        fresh = [add(event.task, event.rollout) for event in events]
+        new = list(compress(events, fresh))
         if new:
+            self.contents.extend([content_digest(event) for event in new])
             self.state.add_records(
                 [event.task for event in new],
                 [event.rollout for event in new],
@@ -381,7 +461,29 @@ class Part:
             )
             if len(self.state.info_pool) >= _INFO_CHUNK:
                 self._spill().append(self.state.take_infos())
+        if len(new) < len(events):  # the others' keys came before: duplicates, or conflicts
+            for at, event in enumerate(events):
+                if not fresh[at]:
+                    self._again(at, content_digest(event), (event.task, event.rollout))
         return new
+
+    def _again(self, at: int, digest: int, key: tuple[int, int]) -> None:
+        """An event whose key was folded before (``at``: its index in the call's events): a
+        duplicate when its content is the same, else a conflict (kept in :attr:`clashes` for the
+        caller to report, never folded: the first content stands). A retired part keeps no
+        contents, and cannot tell: the pipeline never hands it events."""
+        if self.final is not None or self.contents.digest_of(key, self._columns()) == digest:
+            self.duplicates += 1
+        else:
+            self.conflicts += 1
+            self.clashes.append(at)
+
+    def _columns(self) -> tuple[array[int], array[int]]:
+        """The key columns in the order contents were added (a part is of one kind)."""
+        state = self.state
+        if state.num_inputs:
+            return state.in_task, state.in_rollout
+        return state.res_task, state.res_rollout
 
     def taken_infos(self) -> InfoBytes:
         """The ``rollout_infos`` entries moved to the spill (what :meth:`ProfileState.merge`
@@ -576,6 +678,10 @@ class Run:
         return local + sum(c.duplicates for c in self.foreign.values())
 
     @property
+    def conflicts(self) -> int:
+        return sum(p.conflicts for p in self.parts.values())
+
+    @property
     def complete(self) -> bool:
         """Every expected rollout (and every input row) has arrived."""
         return self.expected is not None and self.rollouts == self.expected == self.inputs
@@ -669,6 +775,12 @@ class PartView(Protocol):
 
     @property
     def duplicates(self) -> int: ...
+
+    @property
+    def conflicts(self) -> int: ...
+
+    @property
+    def content(self) -> int: ...
 
     def taken_infos(self) -> InfoBytes: ...
 

@@ -53,7 +53,7 @@ from aiokafka import (
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError
 
-from rewardstream.contract import Topics
+from rewardstream.contract import Topics, content_hex, content_sum
 from rewardstream.engine_contract import (
     EngineTopics,
     FinalRecord,
@@ -77,6 +77,7 @@ from rewardstream.processors.pipeline import (
     Rejected,
     RemoteUnit,
     Stray,
+    log_level,
 )
 from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
 from rewardstream.processors.snapshot import SnapshotLimits
@@ -177,6 +178,7 @@ class StreamProcessor:
         self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
         self._parking = 0  # dead letters sent but not yet acknowledged
         self._at: ConsumerRecord | None = None  # the record being handled, for dead letters
+        self._slice: list[ConsumerRecord] = []  # the records being applied as one batch
         self._quiet_start = _QuietStart()
         self._data: AIOKafkaConsumer | None = None
         self._kinds: dict[str, EventKind] = {
@@ -393,9 +395,11 @@ class StreamProcessor:
 
     # -- dead letters -------------------------------------------------------------------------
     def _reject(self, rejected: Rejected) -> None:
-        at = self._at
+        at = self._at  # one by one; in a slice applied whole (a conflict), the event's record
+        at = next((r for r in self._slice if r.value is rejected.raw), at)
         source = f"{at.topic}:{at.partition}:{at.offset}" if at is not None else ""
-        log.warning(
+        log.log(
+            log_level(rejected.reason),
             "dead letter from %s (%s event, %s): %s",
             source,
             rejected.kind,
@@ -832,6 +836,8 @@ class StreamProcessor:
             state="final",
             stem=stem,
             partial=partial,
+            content=content_hex(content_sum(p.content for p in parts.values())),
+            conflicts=sum(p.conflicts for p in parts.values()),
             **final_figures(agents),
             inputs=sum(c.inputs for c in counts.values()),
             rollouts=sum(c.rollouts for c in counts.values()),
@@ -1033,7 +1039,11 @@ class StreamProcessor:
                 self.pipeline.handle_rollouts if kind == "rollout" else self.pipeline.handle_inputs
             )
             stamps = [r.timestamp for r in part]
-            runs = batch([r.value or b"" for r in part], name, part[0].offset, stamps)
+            self._slice = part
+            try:
+                runs = batch([r.value or b"" for r in part], name, part[0].offset, stamps)
+            finally:
+                self._slice = []
             if runs is None:  # a slice with an event to reject (named by self._at), one by one
                 for record in part:
                     self._at = record

@@ -42,7 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--run-id",
         help="default: <rollouts stem>-<8 hex> naming this collection (from the inputs file's "
         "identity): the same for a republish of the same files or a resumed collection, new "
-        "for a new collection written to the same path",
+        "for a new collection written to the same path; a run that has a final profile is "
+        "sent nothing, and refused unless it is these files' profile",
     )
     p.add_argument(
         "--topic-prefix",
@@ -74,7 +75,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--wait-profile",
         action="store_true",
         help="once the run is finished, wait for the processors' final profile and write it "
-        "next to the rollouts file, where ng_reward_profile would",
+        "next to the rollouts file, where ng_reward_profile would; a final that is not the "
+        "profile of these files (a run id given to other content) is refused, nothing written",
     )
     p.add_argument(
         "--wait-timeout",
@@ -117,6 +119,11 @@ def _cmd_publish(args: argparse.Namespace) -> int:
             f"run {run_id!r} was left unfinished; once the line is fixed, publish again: "
             "events already sent are dropped as duplicates)"
         ) from None
+    if report.final is not None:
+        print(
+            f"run {report.run_id} has its final profile of these files already: nothing sent",
+            file=sys.stderr,
+        )
     print(
         f"published run_id={report.run_id} inputs={report.inputs_sent} "
         f"rollouts={report.rollouts_sent} in {report.seconds:.2f}s"
@@ -136,9 +143,14 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 async def _wait(args: argparse.Namespace, run_id: str) -> list[str]:
     from rewardstream import kafka_config
     from rewardstream.contract import Topics
+    from rewardstream.producers.content import files_content
     from rewardstream.producers.wait import wait_profile
     from rewardstream.sinks.files import profile_lines
 
+    # what the final must hold: these files' content (computed while the processors work)
+    content = await asyncio.to_thread(
+        files_content, args.inputs, args.rollouts, run_id, args.answer_key
+    )
     paths = await wait_profile(
         args.bootstrap,
         Topics.for_prefix(args.topic_prefix),
@@ -147,6 +159,7 @@ async def _wait(args: argparse.Namespace, run_id: str) -> list[str]:
         args.rollouts.parent,
         args.wait_timeout,
         kafka_config.from_args(args),
+        of=(content, str(args.rollouts), "publish the files with a new --run-id"),
     )
     return profile_lines(paths, extras=False)
 

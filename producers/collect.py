@@ -77,6 +77,7 @@ from rewardstream.kafka_options import normalize_bootstrap
 from rewardstream.names import ProfilePaths, check_topic_prefix
 from rewardstream.overrides import parse_overrides
 from rewardstream.processors.pipeline import EventKind
+from rewardstream.producers.content import Conflict, files_content, finals_of_run, refuse
 from rewardstream.producers.events import input_event, rollout_event
 from rewardstream.producers.live import EventSink, KafkaSink
 from rewardstream.producers.materialize import MaterializeOptions, materialize, write_rows
@@ -564,6 +565,7 @@ class _Collector:
         self.reward_n: dict[str, int] = defaultdict(int)
         self.kept: list[dict[str, Any]] = []  # for aggregation: results without their bulk
         self.unsent: set[Key] = set()  # rows whose input event Kafka could not take
+        self.unsent_results: set[Key] = set()  # results whose event Kafka could not take
         self.withheld = 0  # rollout events not sent for them (see :meth:`publish`)
         # unbuffered: each line is on the disk (or its failure raised) once written
         self._results = paths.rollouts.open("ab", buffering=0)
@@ -710,9 +712,9 @@ class _Collector:
                 return
             answer_key = self.cfg.kafka_answer_key
             event = rollout_event(result, self.run_id, self.paths.rollouts, line, answer_key)
-            await self.sink.send(
-                event.kind, event.key, event.value, f"{self.paths.rollouts}:{line}"
-            )
+            where = f"{self.paths.rollouts}:{line}"
+            if not await self.sink.send(event.kind, event.key, event.value, where):
+                self.unsent_results.add(_key(result))
 
     def postfix(self, bar: tqdm[Any], force: bool = False) -> None:
         """The running mean reward per agent, at most twice a second."""
@@ -847,6 +849,9 @@ async def collect(
                 except InputError as exc:  # a side channel: the files are the record
                     live_off = str(exc)
                     _say_live_off(cfg, paths, live_off)
+            if sink is not None and await _final_already(cfg, paths, plan, resume, security):
+                await sink.close(finished=False)  # its final is of these files: nothing to send
+                sink = None
             if not resume and any(_holds_data(p) for p in paths):
                 await _check_reachable(urls, paths.rollouts)  # they would be moved aside for it
         except RewardstreamError:
@@ -918,6 +923,10 @@ async def collect(
                 f"no streamed profile: publishing to Kafka failed ({live_error}); the "
                 f"collected files are complete: {paths.rollouts}"
             )
+        unsent = (collector.unsent, collector.unsent_results)
+        content = await asyncio.to_thread(
+            files_content, paths.inputs, paths.rollouts, run_id, cfg.kafka_answer_key, unsent
+        )
         profile = await wait_profile(
             cfg.kafka_bootstrap_servers,
             Topics.for_prefix(cfg.kafka_topic_prefix),
@@ -925,6 +934,7 @@ async def collect(
             run_id,
             paths.rollouts.parent,
             cfg.kafka_wait_profile_timeout_s,
+            of=(content, str(paths.rollouts), _NEW_RUN),
         )
     return CollectReport(
         run_id,
@@ -953,6 +963,41 @@ def _say_live_off(cfg: CollectConfig, paths: CollectionPaths, why: str) -> None:
         file=sys.stderr,
         flush=True,
     )
+
+
+_NEW_RUN = "collect with a new +kafka_run_id"
+
+
+async def _final_already(
+    cfg: CollectConfig,
+    paths: CollectionPaths,
+    plan: _Plan,
+    resume: bool,
+    security: KafkaSecurity | None,
+) -> bool:
+    """Whether the run has its final profile already, of these very files, with nothing left
+    to run (nothing to send). A final of other content, or one that the rows left to run (a
+    new collection, under a run id given again) could not enter, is refused up front:
+    :class:`~rewardstream.producers.content.Conflict`."""
+    if not (resume or cfg.kafka_run_id) or not cfg.kafka_bootstrap_servers:
+        return False  # a fresh collection's default run id is new (a new inputs file)
+    run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
+    topics = Topics.for_prefix(cfg.kafka_topic_prefix)
+    security = security or KafkaSecurity.from_env()
+    finals = await finals_of_run(cfg.kafka_bootstrap_servers, security, topics, run_id)
+    if not finals:
+        return False
+    if not resume or plan.todo:
+        what = f"the {len(plan.todo)} rows left to run" if resume else "a new collection"
+        raise Conflict(
+            f"run {run_id!r} has a final profile already: {what} cannot enter it; {_NEW_RUN}"
+        )
+    content = await asyncio.to_thread(
+        files_content, paths.inputs, paths.rollouts, run_id, cfg.kafka_answer_key
+    )
+    for final in finals:
+        refuse(final, content, str(paths.rollouts), _NEW_RUN)
+    return True
 
 
 class CollectionFailed(RewardstreamError):

@@ -51,9 +51,11 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from tqdm import tqdm
 
 from rewardstream.contract import BadEvent, RunFinished, RunStarted, Topics, checked, encode
+from rewardstream.engine_contract import FinalRecord
 from rewardstream.errors import InputError
 from rewardstream.jsonl import check_input_file
 from rewardstream.kafka_config import KafkaSecurity, start_client
+from rewardstream.producers.content import files_content, finals_of_run, refuse
 from rewardstream.producers.events import WireEvent, input_event, rollout_event
 from rewardstream.producers.lines import (
     MAX_MESSAGE_BYTES,
@@ -80,13 +82,15 @@ log = logging.getLogger(__name__)
 class PublishReport(NamedTuple):
     """What one publish sent: the run id used, how many events of each kind, the wall time
     (broker acknowledgements included), and whether ``RunFinished`` was sent (a stopped
-    ``follow`` leaves the run open)."""
+    ``follow`` leaves the run open). ``final``: the run's final record, when it had one of
+    these very files already (nothing was sent)."""
 
     run_id: str
     inputs_sent: int
     rollouts_sent: int
     seconds: float
     finished: bool
+    final: FinalRecord | None = None
 
 
 async def publish_files(
@@ -108,7 +112,10 @@ async def publish_files(
     """Publish one collection (see the module docstring for the order of events).
 
     ``run_id`` defaults to :func:`rewardstream.producers.run_id.default_run_id` (one id per
-    collection). With ``follow``, keep tailing ``rollouts`` as a running collection appends to it:
+    collection). A run that has a final profile already is sent nothing: it must be the
+    profile of these files (:mod:`rewardstream.producers.content`), else this raises
+    :class:`~rewardstream.producers.content.Conflict` before anything is sent.
+    With ``follow``, keep tailing ``rollouts`` as a running collection appends to it:
     only complete lines are sent; a truncated or replaced file is read again from its start (the
     processor deduplicates by (run, task, rollout)). It finishes the run once as many distinct
     (task, rollout) keys were published as there are input rows, or after ``finish_when_idle``
@@ -129,6 +136,12 @@ async def publish_files(
     topics = topics or Topics.for_prefix()
     security = security or KafkaSecurity.from_env()
     await ensure_topics(bootstrap, security, topics, "publisher")  # before anything is sent
+    if finals := await finals_of_run(bootstrap, security, topics, run_id):  # refused up front
+        content = await asyncio.to_thread(files_content, inputs, rollouts, run_id, answer_key)
+        for final in finals:
+            refuse(final, content, str(rollouts), "publish the files with a new --run-id")
+        seconds = time.perf_counter() - began
+        return PublishReport(run_id, 0, 0, seconds, finished=True, final=finals[0])
     if progress:  # the run id and its page now, for watch, snapshot or a browser
         page = await page_line(bootstrap, security, topics, run_id)
         doing = "following" if follow else "publishing"

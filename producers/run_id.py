@@ -6,6 +6,12 @@ collection starts (a new file, so a new inode and mtime), and a resume reads it 
 rewriting it. That file's identity therefore names the collection: a resume, or republishing
 unchanged files, keeps the run id (so the processor deduplicates), while a second collection
 written to the same path gets a new one instead of being merged into the first.
+
+A new rollouts file next to an *unchanged* inputs file (collected by other means, or the inputs
+file kept) keeps the id too; content then tells the collections apart
+(:mod:`rewardstream.producers.content`): a run that has a final profile of other content is
+refused before anything is sent, and under an open run the keys sent again with other content
+are conflicts, whose final ``--wait-profile`` refuses.
 """
 
 from __future__ import annotations

@@ -9,11 +9,13 @@ three profile files go there: a ``S_aggregate_metrics.json`` beside them is the 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from rewardstream.contract import Topics
 from rewardstream.engine_contract import EngineTopics
 from rewardstream.kafka_config import KafkaSecurity
+from rewardstream.producers.content import refuse
 from rewardstream.sinks.files import ProfilePaths
 from rewardstream.sinks.profiles import ensure_topics, fetch_profile
 
@@ -29,12 +31,20 @@ async def wait_profile(
     timeout: float,
     security: KafkaSecurity | None = None,
     extras: bool = False,
+    of: tuple[str, str, str] | None = None,
 ) -> ProfilePaths:
     """The run's final profile, written into ``out`` (group default: ``<prefix>-profiler``);
-    its aggregate and difficulty files too with ``extras``."""
+    its aggregate and difficulty files too with ``extras``. ``of``: (content, what, flag):
+    the final must be the profile of the files ``what`` names, of that content
+    (:func:`rewardstream.producers.content.files_content`), else it is refused, nothing
+    written (:class:`~rewardstream.producers.content.Conflict`, saying to pass ``flag``)."""
     prefix = topics.control.removesuffix(".control")
     security = security or KafkaSecurity.from_env()
     await ensure_topics(bootstrap, security, topics)  # else it may wait on the wrong partition
+    accept = None
+    if of is not None:
+        content, what, flag = of
+        accept = functools.partial(refuse, content=content, what=what, flag=flag)
     return await fetch_profile(
         bootstrap,
         security,
@@ -45,4 +55,5 @@ async def wait_profile(
         out,
         timeout,
         extras,
+        accept,
     )

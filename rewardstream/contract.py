@@ -26,9 +26,10 @@ writes ``1e+16``).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypeVar, cast, get_args
 
 import msgspec
@@ -63,6 +64,9 @@ __all__ = [
     "RunStarted",
     "Topics",
     "checked",
+    "content_digest",
+    "content_hex",
+    "content_sum",
     "decode_control",
     "decode_input",
     "decode_inputs",
@@ -119,6 +123,7 @@ RejectReason = Literal[
     "run-final",  # of a run whose final profile is written: it came too late to be in it
     "run-evicted",  # of a run evicted unfinished (no event for --evict-after seconds)
     "unknown-key",  # a rollout whose (task, rollout) is no materialized input row of its run
+    "conflict",  # the key of an event folded already, with other content (see content_digest)
 ]
 REJECT_REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
 
@@ -556,6 +561,35 @@ def checked(event: _E) -> _E:
     """``event`` as a processor would decode it, or :class:`BadEvent` (a struct built in Python
     is not checked: only the UTF-8 length of its names is)."""
     return cast(_E, _DECODERS[type(event)](encode(event)))
+
+
+# ---------------------------------------------------------------------------- content identity
+
+_PACK = msgspec.msgpack.Encoder()
+_DIGEST_MASK = (1 << 64) - 1
+
+
+def content_digest(event: Input | Rollout) -> int:
+    """A 64-bit digest of what an event says of its key, the same on every host and version of
+    this schema: a rollout's key, agent and record, an input's line and row (never
+    ``published_at`` or ``run_id``). Same key and same digest is a duplicate; same key and
+    another digest is a conflict. Call it on a *decoded* event (``record.info`` canonical)."""
+    if type(event) is Rollout:
+        fields: tuple[object, ...] = ("r", event.task, event.rollout, event.agent, event.record)
+    else:
+        fields = ("i", event.line, event.row)  # type: ignore[union-attr]
+    return int.from_bytes(hashlib.blake2b(_PACK.encode(fields), digest_size=8).digest())
+
+
+def content_sum(digests: Iterable[int]) -> int:
+    """The digests of distinct keys summed modulo 2**64: a run's content, whatever the order
+    or the partitions its events came through (parts add up; final records carry it)."""
+    return sum(digests) & _DIGEST_MASK
+
+
+def content_hex(content: int) -> str:
+    """A run's content (:func:`content_sum`) as a final record carries it: 16 hex digits."""
+    return f"{content:016x}"
 
 
 def reject_reason(exc: Exception) -> RejectReason:

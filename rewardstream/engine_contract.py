@@ -192,6 +192,11 @@ class FinalRecord(_Record):
     chunks_from: int = 0  # offset of the first chunk in <prefix>.profiles (partition 0)
     agents: dict[str, AgentProgress] = {}  # per agent the whole run's figures (a final's)
     spread: dict[str, AgentSpread] = {}  # and what only the whole run has (none: an older record)
+    # what it holds: its keys' content digests summed (rewardstream.contract.content_sum), as
+    # 16 hex digits, so a publisher can tell whether it is the profile of its files (None: not
+    # a final's, or written before content digests); and the conflicts its parts parked
+    content: Annotated[str, Field(pattern="^[0-9a-f]{16}$")] | None = None
+    conflicts: int = 0
     written_by: StrictStr
     at: float
 

@@ -15,7 +15,7 @@ import asyncio
 import hashlib
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -245,11 +245,14 @@ async def publish_final(
 async def list_finals(
     bootstrap: str, security: KafkaSecurity, topics: EngineTopics, prefix: str, group: str | None
 ) -> dict[tuple[str, str], FinalRecord]:
-    """The standing final record of every run, by (group, run id)."""
+    """The standing final record of every run, by (group, run id); none before the finals
+    topic exists (reading it would create it, but not as the processors do: compacted)."""
     consumer = reader(bootstrap, security)
     await start_client(consumer, bootstrap, security)
     try:
         out: dict[tuple[str, str], FinalRecord] = {}
+        if topics.finals not in await consumer.topics():
+            return out
         async for final in read_finals(consumer, topics.finals, prefix, group):
             out.setdefault((final.group, final.run_id), final)  # the first one stands
         return out
@@ -267,14 +270,18 @@ async def fetch_profile(
     out: Path,
     timeout: float,
     extras: bool = True,
+    accept: Callable[[FinalRecord], None] | None = None,
 ) -> ProfilePaths:
     """Wait up to ``timeout`` seconds for the run's final profile and write its three files
     (and, with ``extras``, its aggregate and difficulty files when it has them) into ``out``
     atomically (all or none); raises :class:`InputError` when it does not come,
-    or when the run was evicted unfinished."""
+    or when the run was evicted unfinished; ``accept`` raises, before anything is written,
+    when the final is not what the caller wants."""
     final = await _wait_final(bootstrap, security, topics, prefix, group, run_id, timeout)
     if final.state == "evicted":
         raise InputError(f"run {run_id!r} was evicted unfinished: it has no final profile")
+    if accept is not None:
+        accept(final)
     contents = await _read_files(bootstrap, security, topics, final)
     out.mkdir(parents=True, exist_ok=True)
     paths = ProfilePaths.next_to(out / f"{final.stem}.jsonl")

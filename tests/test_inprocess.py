@@ -32,10 +32,10 @@ def test_replay_equals_batch(
         str(out),
     ]
     expected = case.expected
-    if case.name == "duplicate_result":  # streaming drops the redelivered result
-        assert main(argv) == 0
-        profile = (out / case.stem / f"{case.stem}{OUTPUT_SUFFIXES[0]}").read_bytes()
-        assert b'"num_rollouts":2,' in profile
+    if case.name == "duplicate_result":  # a result's key again, other content: a conflict
+        assert main(argv) == 2
+        assert "(conflict): run 'rollouts' task 0 rollout 0" in capsys.readouterr().err
+        assert not out.exists() or not any(out.rglob("*_reward_profiling.jsonl"))
         return
     if case.name == "extra_row":  # a result without an input row stays an error
         assert main(argv) == 2
