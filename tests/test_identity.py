@@ -90,6 +90,8 @@ def test_a_rollout_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
     rejected: list[Rejected] = []
     with Pipeline(tmp_path, rejected.append) as pipeline:
         pipeline.metrics = metrics = _metrics(pipeline)
+        rows = [_input(t, r, line=i) for i, (t, r) in enumerate([(0, 0), (0, 1), (1, 0), (2, 0)])]
+        _apply(pipeline, "input", [rows], batch)  # a rollout counts once its row is in
         first = [_rollout(0, 0), _rollout(0, 1), _rollout(1, 0)]
         again = [
             _rollout(0, 0, at=99.0),  # republished: a duplicate (published_at is no content)
