@@ -153,7 +153,12 @@ def reader(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:
 
 async def read_to_end(consumer: AIOKafkaConsumer, topic: str) -> AsyncIterator[ConsumerRecord]:
     """Every record of a one-partition topic from its start to its end as it is now;
-    ``consumer`` (started, unassigned) is left assigned there, to read on."""
+    ``consumer`` (started, unassigned) is left assigned there, to read on. Nothing, and left
+    unassigned, while the topic does not exist: naming a missing topic in a request has the
+    broker auto-create it with its ``num.partitions`` (a shape :func:`ensure_topics` refuses),
+    so its existence is asked with a request of all topics."""
+    if topic not in await consumer.topics():
+        return
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     await consumer.seek_to_beginning(tp)
@@ -304,16 +309,19 @@ async def _wait_final(
     deadline = time.monotonic() + timeout
     consumer = reader(bootstrap, security)
     await start_client(consumer, bootstrap, security)
+    tp = TopicPartition(topics.finals, 0)
     try:
-        async for final in read_finals(consumer, topics.finals, prefix, group):
-            if final.run_id == run_id:
-                return final  # the first one stands
-        tp = TopicPartition(topics.finals, 0)
         while (left := deadline - time.monotonic()) > 0:
-            batch = await consumer.getmany(tp, timeout_ms=max(1, int(min(left, 1.0) * 1000)))
-            for final in finals_of(batch.get(tp, []), prefix, group):
+            if tp in consumer.assignment():  # read to its end: wait there
+                ms = max(1, int(min(left, 1.0) * 1000))
+                records = (await consumer.getmany(tp, timeout_ms=ms)).get(tp, [])
+            else:  # the topic may not exist yet (no processor has run): read it once it does
+                records = [r async for r in read_to_end(consumer, topics.finals)]
+                if tp not in consumer.assignment():
+                    await asyncio.sleep(min(left, 0.5))
+            for final in finals_of(records, prefix, group):
                 if final.run_id == run_id:
-                    return final
+                    return final  # the first one stands
     finally:
         await consumer.stop()
     raise InputError(f"no final profile of run {run_id!r} (group {group!r}) within {timeout:g}s")

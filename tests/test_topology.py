@@ -10,6 +10,8 @@ it at its start with one line, exit 2, nothing written; a fresh prefix gets the 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -207,3 +209,32 @@ def test_publish_into_a_fresh_prefix_gives_control_one_partition_and_the_run_com
     assert_batch_files(tmp_path / "get", collection)
     shapes = asyncio.run(_partitions(wide_broker))
     assert [shapes[f"{prefix}.{t}"] for t in ("members", "finals", "profiles")] == [1, 1, 1]
+
+
+def test_a_waiter_started_before_the_topics_exist_gets_the_final(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+    collection: Path,
+) -> None:
+    """``profiles get`` (what ``--wait-profile`` runs) on a prefix that has no topic yet: it
+    waits for the finals topic to be made, then for the final, never on a partition its
+    client's metadata does not know (that waited out its whole timeout)."""
+    prefix = unique_name("rs")
+    out = tmp_path / "get"
+    argv = [sys.executable, "-m", "rewardstream.cli", "profiles", "get", "--bootstrap"]
+    argv += [kafka_bootstrap, "--topic-prefix", prefix, "--run-id", "run", "--out", str(out)]
+    waiter = subprocess.Popen([*argv, "--timeout", "120"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert _publish(kafka_bootstrap, prefix, collection, "--run-id", "run") == 0
+        p = Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / "processor.log")
+        processors.append(p)
+        p.wait(lambda runs: runs.get("run", {}).get("done") is True)
+        _, err = waiter.communicate(timeout=150)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.communicate()
+    assert waiter.returncode == 0, err
+    assert_batch_files(out, collection)
