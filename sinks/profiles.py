@@ -309,19 +309,18 @@ async def _wait_final(
     deadline = time.monotonic() + timeout
     consumer = reader(bootstrap, security)
     await start_client(consumer, bootstrap, security)
-    tp = TopicPartition(topics.finals, 0)
     try:
+        while topics.finals not in await consumer.topics() and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)  # no processor has made it yet (see read_to_end)
+        async for final in read_finals(consumer, topics.finals, prefix, group):
+            if final.run_id == run_id:
+                return final  # the first one stands
+        tp = TopicPartition(topics.finals, 0)
         while (left := deadline - time.monotonic()) > 0:
-            if tp in consumer.assignment():  # read to its end: wait there
-                ms = max(1, int(min(left, 1.0) * 1000))
-                records = (await consumer.getmany(tp, timeout_ms=ms)).get(tp, [])
-            else:  # the topic may not exist yet (no processor has run): read it once it does
-                records = [r async for r in read_to_end(consumer, topics.finals)]
-                if tp not in consumer.assignment():
-                    await asyncio.sleep(min(left, 0.5))
-            for final in finals_of(records, prefix, group):
+            batch = await consumer.getmany(tp, timeout_ms=max(1, int(min(left, 1.0) * 1000)))
+            for final in finals_of(batch.get(tp, []), prefix, group):
                 if final.run_id == run_id:
-                    return final  # the first one stands
+                    return final
     finally:
         await consumer.stop()
     raise InputError(f"no final profile of run {run_id!r} (group {group!r}) within {timeout:g}s")
