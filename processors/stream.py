@@ -215,8 +215,6 @@ class StreamProcessor:
             if self._own_state:
                 stack.callback(shutil.rmtree, self.state_dir, True)
             stack.callback(self.pipeline.close)
-            # the topics' shapes first: a refused processor never serves
-            await ensure_topics(self.bootstrap, self.security, self.topics, "processor")
             secured = self.http_security
             limits = self.snapshot_limits
             app = make_app(self.pipeline, self.metrics.registry, self, limits, security=secured)
@@ -229,6 +227,7 @@ class StreamProcessor:
             log.info(
                 "serving snapshots, parts and metrics on %s://%s:%d", scheme, _url_host(host), bound
             )
+            await ensure_topics(self.bootstrap, self.security, self.topics, "processor")
             self._session = self._peer_session()
             stack.push_async_callback(self._session.close)
             secure = self.security.client_kwargs()
