@@ -63,7 +63,7 @@ from rewardstream.engine_contract import (
     decode_member,
     encode_record,
 )
-from rewardstream.errors import InputError, RewardstreamError
+from rewardstream.errors import InputError, KafkaUnreachable, RewardstreamError
 from rewardstream.http_security import HttpSecurity
 from rewardstream.kafka_config import KafkaSecurity, start_client
 from rewardstream.processors.http import IDLE_TIMEOUT, make_app, serve
@@ -788,6 +788,8 @@ class StreamProcessor:
             await self._finish(run)
         except Unavailable as exc:
             log.info("run %s: final profile waits: %s", run.run_id, exc)
+        except KafkaUnreachable as exc:  # the broker away mid-run: tried again on the next pass
+            log.warning("run %s: final profile waits for Kafka: %s", run.run_id, exc)
         except KafkaError as exc:  # e.g. fenced: a newer leader finishes the run
             log.warning("run %s: final profile not written here: %r", run.run_id, exc)
         except InputError as exc:  # its files cannot be written (the state folder full): stop

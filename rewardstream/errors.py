@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "InputError",
     "InvalidRow",
+    "KafkaUnreachable",
     "LineError",
     "MissingKey",
     "ProfileError",
@@ -22,6 +23,11 @@ class RewardstreamError(Exception):
 
 class InputError(RewardstreamError):
     """A file or one of its lines cannot be used; the message names the file and line."""
+
+
+class KafkaUnreachable(InputError):
+    """A Kafka client could not start (the message says why and which setting to check): a
+    command stops with that line; a processor that ran already waits for the broker instead."""
 
 
 class InvalidRow(InputError):

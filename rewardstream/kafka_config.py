@@ -36,7 +36,7 @@ from aiokafka.errors import (
 from aiokafka.helpers import create_ssl_context
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, model_validator
 
-from rewardstream.errors import InputError
+from rewardstream.errors import InputError, KafkaUnreachable
 from rewardstream.kafka_options import ENV_PREFIX, OPTIONS, add_arguments, normalize_bootstrap
 
 __all__ = ["ENV_PREFIX", "KafkaSecurity", "add_arguments", "env_name", "from_args", "start_client"]
@@ -217,7 +217,7 @@ async def start_client(client: _Client, bootstrap: str, security: KafkaSecurity)
         if close is not None:
             with contextlib.suppress(Exception):
                 await close()
-        raise InputError(await _explain(bootstrap, security)) from None
+        raise KafkaUnreachable(await _explain(bootstrap, security)) from None
     except BaseException:  # cancelled while starting (a shutdown): leave nothing open
         if close is not None:
             with contextlib.suppress(Exception):
