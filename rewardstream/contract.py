@@ -26,7 +26,6 @@ writes ``1e+16``).
 
 from __future__ import annotations
 
-import hashlib
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, TypeVar, 
 
 import msgspec
 import orjson
+import xxhash
 from msgspec import Meta, Raw, Struct
 
 from rewardstream.errors import InputError, MissingKey
@@ -578,7 +578,7 @@ def content_digest(event: Input | Rollout) -> int:
         fields: tuple[object, ...] = ("r", event.task, event.rollout, event.agent, event.record)
     else:
         fields = ("i", event.line, event.row)  # type: ignore[union-attr]
-    return int.from_bytes(hashlib.blake2b(_PACK.encode(fields), digest_size=8).digest())
+    return xxhash.xxh3_64_intdigest(_PACK.encode(fields))
 
 
 def content_sum(digests: Iterable[int]) -> int:
