@@ -72,6 +72,11 @@ def test_the_sweep_reports_a_planted_finding(
         ("zombie", 0),  # the leader stopped past its session until the run is final
         ("scale", 0),  # 1 -> 3 -> 1 members, a snapshot at three and at one
         ("two-groups", 0),  # two exactly-one finals, one per group
+        ("conflict", 0),  # same keys re-published with other content: conflicts, first stands
+        ("foreign-keys", 0),  # keys no input row has: unknown-key, never counted
+        ("frozen-peer", 0),  # a SIGSTOPped peer: snapshots answer within their bound
+        ("snapshot-storm", 0),  # snapshots and idle sockets at once: 200/429/503, /healthz
+        ("member-churn", 0),  # members join and leave around the final: one truth
     ],
 )
 def test_trial_loses_nothing_and_counts_nothing_twice(
@@ -81,7 +86,9 @@ def test_trial_loses_nothing_and_counts_nothing_twice(
     assert result.ok, result.line()
     assert result.detail["final_records"] == 1
     shots = result.detail.get("snapshots", {})
-    assert all(x["equal"] for x in shots.values()), shots
+    # a snapshot compared with batch is equal; one refused (a frozen peer's 503) is judged
+    # by the trial itself (result.ok: it named the peer's partitions, within the bound)
+    assert all(x["equal"] for x in shots.values() if "equal" in x), shots
     if fault in ("pod-loss", "scale", "two-groups"):
         assert shots, "no snapshot was checked"
 
