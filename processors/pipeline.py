@@ -242,7 +242,7 @@ class Pipeline:
             foreign = self._foreign(run.run_id)
             if foreign != run.foreign:  # a peer consumed some: the run is alive
                 run.foreign = foreign
-                run.heard(now)
+                run.heard(now, now)
                 self.judge(run)  # the peers' rows may complete the run's
             run.foreign_live = self._foreign_live(run.run_id)
 
@@ -323,7 +323,7 @@ class Pipeline:
             return None
         run = self.run(run_id)
         since = self.units[unit].since if unit in self.units else self.started
-        run.heard(self._when(timestamp, since))
+        run.heard(self._when(timestamp, since), self.clock())
         self.judge(run)
         return run
 
@@ -504,12 +504,13 @@ class Pipeline:
     def _touched(
         self, run_ids: Iterable[str], unit: str, newest: Mapping[str, int] | None
     ) -> list[Run]:
-        """The runs a batch from ``unit`` added to, heard of (stalls and eviction count from
-        there): ``newest`` is per run its newest event's Kafka timestamp (None: now)."""
-        since = self.units[unit].since
+        """The runs a batch from ``unit`` added to, heard of (stalls count from the events'
+        time, eviction from now): ``newest`` is per run its newest event's Kafka timestamp
+        (None: now)."""
+        since, now = self.units[unit].since, self.clock()
         runs = [self.run(run_id) for run_id in run_ids]
         for run in runs:
-            run.heard(self._when(None if newest is None else newest[run.run_id], since))
+            run.heard(self._when(None if newest is None else newest[run.run_id], since), now)
         return runs
 
     def _when(self, timestamp: int | None, since: float) -> float:
@@ -646,9 +647,11 @@ class Pipeline:
         self._reject(kind, "run-final", raw, detail)
 
     def idle_runs(self, after: float) -> list[Run]:
-        """Open runs with no event for ``after`` seconds."""
+        """Open runs this process has read no event of for ``after`` seconds (by its own
+        clock, never the events' timestamps: the oldest events of a live run come first when a
+        restarted processor replays it, and must not get it evicted)."""
         now = self.clock()
-        return [r for r in self.runs.values() if r.terminal is None and now - r.seen > after]
+        return [r for r in self.runs.values() if r.terminal is None and now - r.read_at > after]
 
     def state(self, run: Run) -> RunState:
         """The run's state now (``stalled`` after :attr:`stall_after` seconds without an event)."""

@@ -581,6 +581,9 @@ class Run:
         self.terminal: Done | None = None  # its final (or evicted) record, once known
         self.replays = 0  # events read again after a restart that its final profile holds
         self.seen = seen  # when its last event happened, as this process knows (see heard)
+        # when this process last read an event of it (never an event's own time): eviction
+        # counts from here, so a run replayed after a restart is not evicted for its age
+        self.read_at = seen
         self._heard = False  # an event of it came: seen is no longer when the run was made
         self.error: str | None = None  # why its final profile could not be built
         self._failed_at: tuple[int, int] | None = None  # (inputs, rollouts) when it failed
@@ -626,11 +629,12 @@ class Run:
         evicted)."""
         return self.terminal is not None
 
-    def heard(self, at: float) -> None:
-        """An event of it happened at ``at`` (by the engine's clock; long before now for one
-        replayed): :attr:`seen` is the newest such time, the first replacing the time the run
-        was made."""
+    def heard(self, at: float, now: float) -> None:
+        """An event of it happened at ``at`` and was read ``now`` (by the engine's clock; ``at``
+        long before now for one replayed): :attr:`seen` is the newest such time, the first
+        replacing the time the run was made; :attr:`read_at` is ``now``."""
         self.seen = max(self.seen, at) if self._heard else at
+        self.read_at = now
         self._heard = True
 
     def state(self, now: float, stall_after: float) -> RunState:

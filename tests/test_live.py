@@ -5,6 +5,7 @@ wire form; failed attempts are counted once each; the history stays bounded."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import orjson
@@ -194,6 +195,27 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def test_a_replayed_run_is_dated_by_its_events_but_not_evicted_for_their_age(
+    tmp_path: Path,
+) -> None:
+    """A restarted processor replays a live run from its oldest events: their Kafka times date
+    the run (stalled, its last event two hours ago), but eviction counts from when this
+    process read them (a live run older than ``--evict-after`` was evicted by the first
+    replayed batch, and never got a final)."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=5, repeats=2, seed=4)
+    *data, started = file_events(inputs, rollouts, "r", "r", False)
+    clock = _Clock()
+    two_hours_ago = int((time.time() - 7200) * 1000)  # a Kafka timestamp, ms since the epoch
+    with Pipeline(tmp_path / "out", stall_after=60.0, clock=clock) as pipeline:
+        for offset, (kind, raw) in enumerate([started, *data]):
+            pipeline.handle(kind, raw, None, offset, two_hours_ago)
+        run = pipeline.runs["r"]
+        assert pipeline.state(run) == "stalled" and pipeline.idle(run) >= 7200
+        assert pipeline.idle_runs(3600) == []  # read just now: not idle here
+        clock.now += 3601
+        assert pipeline.idle_runs(3600) == [run]  # nothing read for an hour: evictable
 
 
 def test_a_run_without_events_stalls_and_resumes(tmp_path: Path) -> None:
