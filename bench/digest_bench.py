@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import rewardstream.processors.runs as runs_module
-from rewardstream.contract import _PACK, Input, Rollout, content_digest, encode
+from rewardstream.contract import Input, Rollout, content_bytes, content_digest, encode
 from rewardstream.processors.pipeline import Pipeline
 from rewardstream.processors.records import extract_result
 
@@ -26,12 +26,8 @@ Digest = Callable[[Input | Rollout], int]
 
 
 def blake2b_digest(event: Input | Rollout) -> int:
-    """The baseline: the same fields packed the same way, hashed with blake2b (8 bytes)."""
-    if type(event) is Rollout:
-        fields: tuple[object, ...] = ("r", event.task, event.rollout, event.agent, event.record)
-    else:
-        fields = ("i", event.line, event.row)  # type: ignore[union-attr]
-    return int.from_bytes(hashlib.blake2b(_PACK.encode(fields), digest_size=8).digest())
+    """The baseline: the same packed content, hashed with blake2b (8 bytes)."""
+    return int.from_bytes(hashlib.blake2b(content_bytes(event), digest_size=8).digest())
 
 
 def events(tasks: int, repeats: int) -> tuple[list[bytes], list[bytes]]:

@@ -64,6 +64,7 @@ __all__ = [
     "RunStarted",
     "Topics",
     "checked",
+    "content_bytes",
     "content_digest",
     "content_hex",
     "content_sum",
@@ -569,16 +570,22 @@ _PACK = msgspec.msgpack.Encoder()
 _DIGEST_MASK = (1 << 64) - 1
 
 
-def content_digest(event: Input | Rollout) -> int:
-    """A 64-bit digest of what an event says of its key, the same on every host and version of
-    this schema: a rollout's key, agent and record, an input's line and row (never
-    ``published_at`` or ``run_id``). Same key and same digest is a duplicate; same key and
-    another digest is a conflict. Call it on a *decoded* event (``record.info`` canonical)."""
+def content_bytes(event: Input | Rollout) -> bytes:
+    """What an event says of its key, packed (msgpack): a rollout's key, agent and record, an
+    input's line and row (never ``published_at`` or ``run_id``). Call it on a *decoded* event
+    (``record.info`` canonical)."""
     if type(event) is Rollout:
         fields: tuple[object, ...] = ("r", event.task, event.rollout, event.agent, event.record)
     else:
         fields = ("i", event.line, event.row)  # type: ignore[union-attr]
-    return xxhash.xxh3_64_intdigest(_PACK.encode(fields))
+    return _PACK.encode(fields)
+
+
+def content_digest(event: Input | Rollout) -> int:
+    """A 64-bit digest (XXH3) of :func:`content_bytes`, the same on every host and version of
+    this schema. Same key and same digest is a duplicate; same key and another digest is a
+    conflict."""
+    return xxhash.xxh3_64_intdigest(content_bytes(event))
 
 
 def content_sum(digests: Iterable[int]) -> int:
