@@ -151,6 +151,7 @@ class StreamProcessor:
         self.http_security = http_security or HttpSecurity()  # its endpoint's, and for peers
         if advertise is not None:
             self.http_security.check_advertised(advertise)
+        self.http_security.check_peers()
         self.security = security or KafkaSecurity.from_env()  # SASL/TLS for every client
         self.topics = topics or Topics.for_prefix()
         self.prefix = self.topics.control.removesuffix(".control")
@@ -650,12 +651,14 @@ class StreamProcessor:
         self, url: str, run_id: str
     ) -> tuple[dict[str, int], dict[str, ReceivedPart]]:
         assert self._session is not None
-        https = url.startswith("https://")
-        if self.http_security.tls and not https:  # a member record any topic writer can forge
-            raise Unavailable("a processor serving TLS asks its peers over https only")
-        name = self.http_security.peer_name if https else None
+        if refused := self.http_security.refuses_peer(url):  # member records can be forged
+            raise Unavailable(refused)
+        name = self.http_security.peer_name if url.startswith("https://") else None
         async with self._session.get(
-            f"{url}/parts/{run_id}", params=self.identity(), server_hostname=name
+            f"{url}/parts/{run_id}",
+            params=self.identity(),
+            server_hostname=name,
+            allow_redirects=False,  # the token never follows a redirect elsewhere
         ) as response:
             body = await response.read()
             if response.status != 200 or response.content_type != PART_LIST_TYPE:

@@ -21,6 +21,7 @@ import ipaddress
 import os
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -76,12 +77,51 @@ class HttpSecurity:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def check_bind(self, host: str, port: int) -> None:
-        """Refuse to serve beyond loopback without a token, unless told ``--insecure-public``."""
-        if self.token is None and not self.insecure_public and not _loopback(host):
+        """Refuse to serve beyond loopback without a token and TLS, unless told
+        ``--insecure-public``: a token over plain HTTP is anyone's on the path, and goes to
+        any peer a (forgeable) member record names."""
+        if self.insecure_public or _loopback(host):
+            return
+        if self.token is None:
             raise InputError(
                 f"--http {host}:{port} is reachable beyond this host and no token is set "
                 f"({_TOKEN_HINT}); --insecure-public to serve every run's prompts to anyone"
             )
+        if not self.tls:
+            raise InputError(
+                f"--http {host}:{port} is reachable beyond this host over plain HTTP: the token "
+                "would cross the network in clear text; --http-certfile and --http-cafile "
+                "(TLS), or --insecure-public"
+            )
+
+    def check_peers(self) -> None:
+        """A processor serving TLS with a token sends it to peers whose certificate its own
+        ``--http-cafile`` signed, never to one the system's CAs accept: a forged member record
+        may name any host with a public certificate."""
+        if self.token is not None and self.tls and self.cafile is None:
+            raise InputError(
+                "--http-certfile with a token needs --http-cafile: peers' certificates are "
+                "checked against that CA alone, never the system's (a member record, which "
+                "whoever writes the members topic can forge, may name any public host)"
+            )
+
+    def refuses_peer(self, url: str) -> str | None:
+        """Why this processor must not ask ``url`` (a peer named by a member record) for
+        parts with its token, or None: a processor serving TLS asks over https only; one
+        with a token over plain HTTP (loopback, or ``--insecure-public``) asks loopback peers
+        only, unless told ``--insecure-public``."""
+        https = url.startswith("https://")
+        if self.tls and not https:
+            return "a processor serving TLS asks its peers over https only"
+        host = urllib.parse.urlsplit(url).hostname or ""
+        if (
+            self.token is not None
+            and not https
+            and not self.insecure_public
+            and not _loopback(host)
+        ):
+            return f"its token goes over plain http to loopback peers only, not to {host!r}"
+        return None
 
     def check_advertised(self, url: str) -> None:
         """Peers are told ``url``: its scheme must be the one this server speaks."""
@@ -208,7 +248,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--insecure-public",
         action="store_true",
-        help="serve beyond loopback without a token (anyone reaching the port reads every run)",
+        help="serve beyond loopback without a token or TLS (anyone reaching the port, or "
+        "watching the network, reads every run)",
     )
 
 
@@ -230,18 +271,29 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     )
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an error (:class:`urllib.error.HTTPError`), never followed: urllib would send
+    the token on to wherever it points. A processor never redirects its clients."""
+
+    def redirect_request(self, *_: Any, **__: Any) -> None:
+        return None
+
+
 def open_url(
     security: HttpSecurity, url: str, method: str = "GET", timeout: float = 10
 ) -> IO[bytes]:
-    """``urlopen`` with the token and, for https, a context verifying with ``cafile``; a
-    refused token (401) is an :class:`InputError` saying how to give one."""
+    """``urlopen`` with the token and, for https, a context verifying with ``cafile``; no
+    redirect is followed; a refused token (401) is an :class:`InputError` saying how to give
+    one."""
     https = url.startswith("https://")
     if security.cafile is not None and not https:
         raise InputError(f"--http-cafile is set, but {url} is not https://")
     request = urllib.request.Request(url, method=method, headers=security.headers())
-    context = security.client_context() if https else None
+    handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+    if https:
+        handlers.append(urllib.request.HTTPSHandler(context=security.client_context()))
     try:
-        response: IO[bytes] = urllib.request.urlopen(request, timeout=timeout, context=context)
+        response: IO[bytes] = urllib.request.build_opener(*handlers).open(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
         if exc.code != 401:
             raise

@@ -15,6 +15,7 @@ import shutil
 import signal
 import ssl
 import time
+import urllib.error
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from rewardstream.cli import main
 from rewardstream.contract import Topics
 from rewardstream.engine_contract import EngineTopics, decode_member
 from rewardstream.errors import InputError
-from rewardstream.http_security import TOKEN_ENV, HttpSecurity
+from rewardstream.http_security import TOKEN_ENV, HttpSecurity, open_url
 from rewardstream.processors.auth import COOKIE, OPEN
 from rewardstream.processors.http import make_app, serve
 from rewardstream.processors.pipeline import Pipeline
@@ -243,11 +244,39 @@ async def test_beyond_loopback_without_a_token_is_refused(host: str) -> None:
         await serve(app, host, 0)
 
 
-@pytest.mark.parametrize("security", [HttpSecurity(TOKEN), HttpSecurity(insecure_public=True)])
-async def test_beyond_loopback_with_a_token_or_when_told(security: HttpSecurity) -> None:
-    runner, port = await serve(web.Application(), "0.0.0.0", 0, security=security)
-    await runner.cleanup()
-    assert port > 0
+async def test_beyond_loopback_with_a_token_and_tls_or_when_told(certs: Certs) -> None:
+    for security in (
+        HttpSecurity(TOKEN, certs.server_cert, certs.server_key, certs.ca),
+        HttpSecurity(insecure_public=True),
+        HttpSecurity(TOKEN, insecure_public=True),
+    ):
+        runner, port = await serve(web.Application(), "0.0.0.0", 0, security=security)
+        await runner.cleanup()
+        assert port > 0
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "example.org", "10.1.2.3"])
+async def test_beyond_loopback_a_token_over_plain_http_is_refused(host: str) -> None:
+    """A token in clear text is anyone's on the path: beyond loopback it wants TLS."""
+    with pytest.raises(InputError, match=r"plain HTTP.*--http-certfile.*--insecure-public"):
+        await serve(web.Application(), host, 0, security=HttpSecurity(TOKEN))
+
+
+def test_a_tls_processor_with_a_token_trusts_its_own_ca_only(
+    tmp_path: Path, certs: Certs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without ``--http-cafile`` the system's CAs would accept any public host a forged member
+    record names, and the processor would send it its token: refused at start."""
+    security = HttpSecurity(TOKEN, certs.server_cert, certs.server_key)
+    with pytest.raises(InputError, match="needs --http-cafile"):
+        StreamProcessor("127.0.0.1:1", None, state_dir=tmp_path, http_security=security)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    argv = ["stream", "--bootstrap", "127.0.0.1:1", "--http-token-file", str(token_file)]
+    argv += ["--http-certfile", str(certs.server_cert), "--http-keyfile", str(certs.server_key)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs --http-cafile" in err[0] and TOKEN not in err[0], err
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
@@ -383,30 +412,85 @@ def test_the_advertised_url_speaks_the_servers_scheme(tmp_path: Path, certs: Cer
     assert main(argv) == 2
 
 
+def _recorder(seen: list[str], status: int = 404) -> web.Application:
+    """A peer answering ``status`` to every GET, keeping each request's ``Authorization``."""
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.Response(status=status, text="{}")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def _asking(
+    tmp_path: Path, security: HttpSecurity, peer: web.Application
+) -> AsyncIterator[tuple[StreamProcessor, int]]:
+    """A processor with ``security``, set to fetch parts, and ``peer`` served on loopback
+    (its port)."""
+    runner, port = await serve(peer, "127.0.0.1", 0)
+    asker = StreamProcessor("127.0.0.1:1", None, state_dir=tmp_path, http_security=security)
+    session = asker._session = asker._peer_session()
+    try:
+        yield asker, port
+    finally:
+        await session.close()
+        await runner.cleanup()
+        asker.pipeline.close()
+
+
 async def test_a_tls_processor_never_sends_its_token_in_the_clear(
     tmp_path: Path, certs: Certs
 ) -> None:
     """A member record naming an http:// URL (anyone who can write the members topic can
     forge one) gets no request from a processor serving TLS, so never its token."""
     seen: list[str] = []
-
-    async def parts(request: web.Request) -> web.Response:
-        seen.append(request.headers.get("Authorization", ""))
-        return web.Response(status=404)
-
-    app = web.Application()
-    app.router.add_get("/parts/{run_id}", parts)
-    runner, port = await serve(app, "127.0.0.1", 0)
     security = HttpSecurity(TOKEN, certs.server_cert, certs.server_key, certs.ca)
-    asker = StreamProcessor("127.0.0.1:1", None, state_dir=tmp_path, http_security=security)
-    session = asker._session = asker._peer_session()
-    try:
+    async with _asking(tmp_path, security, _recorder(seen)) as (asker, port):
         with pytest.raises(Unavailable, match="https only"):
             await asker._fetch_parts(f"http://127.0.0.1:{port}", RUN)
+    assert seen == []
+
+
+@pytest.mark.parametrize("peer", ["http://10.1.2.3:9400", "http://example.org:9400"])
+async def test_a_token_over_plain_http_goes_to_loopback_peers_only(
+    tmp_path: Path, peer: str
+) -> None:
+    """A processor with a token and no TLS (it serves loopback) asks a loopback peer with it,
+    and refuses, without a connection, a peer beyond loopback a member record names."""
+    seen: list[str] = []
+    async with _asking(tmp_path, HttpSecurity(TOKEN), _recorder(seen)) as (asker, port):
+        with pytest.raises(Unavailable, match="HTTP 404"):
+            await asker._fetch_parts(f"http://localhost:{port}", RUN)
+        with pytest.raises(Unavailable, match="loopback peers only"):
+            await asker._fetch_parts(peer, RUN)
+    assert seen == [f"Bearer {TOKEN}"]
+    assert HttpSecurity(TOKEN, insecure_public=True).refuses_peer(peer) is None  # told so
+
+
+async def test_no_client_follows_a_redirect_with_the_token(tmp_path: Path) -> None:
+    """A peer or processor answering 307 elsewhere gets the token no further: the commands'
+    client (urllib would forward ``Authorization``) and the processors' peer fetch both stop
+    at the redirect."""
+    seen: list[str] = []
+    target_runner, target_port = await serve(_recorder(seen, 200), "127.0.0.1", 0)
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"http://127.0.0.1:{target_port}{request.path_qs}")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", redirect)
+    security = HttpSecurity(TOKEN)
+    try:
+        async with _asking(tmp_path, security, app) as (asker, port):
+            with pytest.raises(Unavailable, match="HTTP 307"):
+                await asker._fetch_parts(f"http://127.0.0.1:{port}", RUN)
+            with pytest.raises(urllib.error.HTTPError, match="307"):
+                await asyncio.to_thread(open_url, security, f"http://127.0.0.1:{port}/runs")
     finally:
-        await session.close()
-        await runner.cleanup()
-        asker.pipeline.close()
+        await target_runner.cleanup()
     assert seen == []
 
 
