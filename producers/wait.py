@@ -15,7 +15,7 @@ from pathlib import Path
 from rewardstream.contract import Topics
 from rewardstream.engine_contract import EngineTopics
 from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.producers.content import refuse
+from rewardstream.producers.content import FilesContent, refuse
 from rewardstream.sinks.files import ProfilePaths
 from rewardstream.sinks.profiles import ensure_topics, fetch_profile
 
@@ -31,7 +31,7 @@ async def wait_profile(
     timeout: float,
     security: KafkaSecurity | None = None,
     extras: bool = False,
-    of: tuple[str, str, str] | None = None,
+    of: tuple[FilesContent, str, str] | None = None,
 ) -> ProfilePaths:
     """The run's final profile, written into ``out`` (group default: ``<prefix>-profiler``);
     its aggregate and difficulty files too with ``extras``. ``of``: (content, what, flag):

@@ -374,6 +374,40 @@ def test_other_content_under_an_open_run_is_a_conflict_and_its_final_is_never_wr
 
 
 @pytest.mark.kafka
+def test_a_final_short_of_events_the_processors_rejected_is_refused_saying_so(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """An input row larger than the processors' ``--max-event-bytes`` is parked
+    (``oversized``), so the final holds fewer keys than the files: ``--wait-profile`` writes
+    nothing, and its line gives both counts and points at the dead letters, not at another
+    collection (a new run id would be rejected the same)."""
+    inputs, rollouts = generated_collection(tmp_path / "a", tasks=20, repeats=2, seed=7)
+    rows = inputs.read_bytes().splitlines()
+    big = orjson.loads(rows[0])
+    big["padding"] = "x" * 30_000
+    inputs.write_bytes(b"\n".join([orjson.dumps(big), *rows[1:]]) + b"\n")
+    prefix = unique_name("rs")
+    topics = _topics(kafka_bootstrap, prefix)
+    log = tmp_path / "processor.log"
+    processor = Processor(
+        kafka_bootstrap, prefix, tmp_path / "out", log, extra=["--max-event-bytes", "20000"]
+    )
+    processors.append(processor)
+    processor.wait(lambda _: len(processor.units()) == 4)
+    mine = _copy(tmp_path, inputs, rollouts)
+    done = _publish(kafka_bootstrap, prefix, *mine, "--run-id", "big")
+    assert done.returncode != 0
+    [line] = done.stderr.strip().splitlines()
+    assert "it holds 39 input rows" in line and "the files 40 and 40" in line, line
+    assert "dead-letter topic" in line and "other content" not in line, line
+    assert _profiles(mine[1].parent) == {}
+    assert "oversized" in _reasons(kafka_bootstrap, topics, 1)
+
+
+@pytest.mark.kafka
 def test_a_publish_run_again_after_a_crash_never_conflicts(
     kafka_bootstrap: str,
     unique_name: Callable[[str], str],
@@ -397,7 +431,7 @@ def test_a_publish_run_again_after_a_crash_never_conflicts(
     assert_batch_files(mine[1].parent, inputs.parent)
     assert _reasons(kafka_bootstrap, topics) == []
     [final] = asyncio.run(_finals(kafka_bootstrap, topics)).values()
-    assert (final.conflicts, final.content) == (0, files_content(*mine, run_id, None))
+    assert (final.conflicts, final.content) == (0, files_content(*mine, run_id, None).digest)
 
 
 async def _finals(bootstrap: str, topics: Topics) -> dict[tuple[str, str], FinalRecord]:
@@ -479,8 +513,12 @@ async def test_a_resumed_collection_never_conflicts_and_a_final_one_is_sent_noth
         assert ng_reward_profile(argv) == 0
         assert_batch_files(rollouts.parent, batch)
         [final] = (await _finals(kafka_bootstrap, topics)).values()
-        assert final.conflicts == 0 and final.content == files_content(
-            rollouts.with_name("r_materialized_inputs.jsonl"), rollouts, report.run_id, None
+        assert (
+            final.conflicts == 0
+            and final.content
+            == files_content(
+                rollouts.with_name("r_materialized_inputs.jsonl"), rollouts, report.run_id, None
+            ).digest
         )
 
         for path in ProfilePaths.next_to(rollouts):
