@@ -1514,6 +1514,7 @@ class Trial:
         """``rewardstream snapshot`` from ``member`` must answer within
         :data:`SNAPSHOT_BOUND_S`: whole and equal to the batch profile of its offsets, or
         refused with HTTP 503 naming each unit of ``missing`` (a frozen peer's)."""
+        self.knows_run(member)
         final_before = self.has_final()
         snap = self.work / f"snapshot-{label}"
         shots = self.detail.setdefault("snapshots", {})
@@ -1604,6 +1605,7 @@ class Trial:
         """A snapshot of the run from ``member`` equals ``ng_reward_profile
         ++allow_partial_rollouts=True`` on exactly the events it reports covering (the offsets
         ``rewardstream snapshot`` prints), or, for a run already final, the final profile."""
+        self.knows_run(member)
         final_before = self.has_final()
         snap = self.work / f"snapshot-{label}"
         return self.judge_snapshot(self.snapshot(member, snap), snap, label, final_before)
@@ -1691,6 +1693,12 @@ class Trial:
                 quiet=True,
             )
         )
+
+    def knows_run(self, member: Processor) -> None:
+        """Wait until ``member`` has read an event of the run: asked before, it answers 404
+        (unknown run), which says how fast the publisher and the member started under load,
+        not whether the snapshot is right."""
+        self.until(lambda: self.run_id in member.runs(), "the member asked to know the run")
 
     def snapshot(
         self, member: Processor, out: Path, timeout: float = 120
