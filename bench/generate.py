@@ -1,8 +1,9 @@
 """Write a realistic NeMo Gym collection for benchmarks: materialized inputs + shuffled rollouts.
 
 Default: 100,000 tasks x 8 rollouts, ~2 KB of response text each (~2.7 GB of rollouts,
-~0.4 GB of materialized inputs). Rows have NeMo Gym's shape (spec §1.6): the full rcp, a
-Responses object with usage, reward, verifier fields, stamps. Deterministic for a seed.
+~0.4 GB of materialized inputs). Rows have NeMo Gym's shape (docs/nemo-gym-compat.md §Result
+rows): the full rcp, a Responses object with usage, reward, verifier fields, stamps.
+Deterministic for a seed.
 ``--shape hidden`` is the other shape profiles see: two agents, a continuous reward and ~10
 numeric verifier fields per rollout (scores, counts, latencies, a bool), instead of three
 agents, a binary reward and two.

@@ -1,7 +1,7 @@
 """Side-by-side benchmark: NeMo Gym's own ``gym eval profile`` vs our ``ng_reward_profile``.
 
     .venv/bin/python -m bench.nemo_gym_side_by_side \\
-        --nemo-python /work/nemo-side/venv/bin/python --data /work/nemo-side/data/r10k [--runs 3]
+        --nemo-python NEMO_VENV/bin/python --data DATA/r10k [--runs 3]
 
 ``--data STEM`` names a collection made by ``bench/generate.py --out STEM``: ``STEM.jsonl``
 (rollouts) and ``STEM_materialized_inputs.jsonl``. ``--nemo-python`` is the python (or the

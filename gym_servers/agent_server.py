@@ -1,5 +1,5 @@
-"""A simple agent (NeMo Gym's ``simple_agent``, spec §4.2): ``/run``, ``/v1/responses``,
-``/aggregate_metrics``.
+"""A simple agent (NeMo Gym's ``simple_agent``): ``/run``, ``/v1/responses``,
+``/aggregate_metrics`` (docs/nemo-gym-compat.md §Agent server).
 
 ``/run`` takes one materialized row: ``seed_session`` on the resources server, the tool loop
 against the model server, then ``verify``; the reply is the verify JSON. The tool loop turns each

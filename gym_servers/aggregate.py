@@ -1,4 +1,6 @@
-"""``/aggregate_metrics`` of the bundled servers: NeMo Gym's server-side computation (spec §1.8).
+"""``/aggregate_metrics`` of the bundled servers: NeMo Gym's server-side computation.
+
+docs/nemo-gym-compat.md §Aggregate metrics states it.
 
 The verify responses are profiled as one synthetic agent (``{"name": "agent"}``) with the same
 core as ``ng_reward_profile``, so the numbers agree with the profile files bit for bit. The

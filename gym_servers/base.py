@@ -1,8 +1,9 @@
 """What every server shares: NeMo Gym's config layout, health routes, JSON I/O and start-up.
 
 NeMo Gym starts each server as ``NEMO_GYM_CONFIG_DICT=<yaml> NEMO_GYM_CONFIG_PATH=<name>
-python <entrypoint>`` (spec §4.5); :func:`serve_from_env` is the receiving end. A server finds
-the others by name in that config (``<name>.<type>.<impl>.{host,port}``).
+python <entrypoint>`` (docs/nemo-gym-compat.md §Head server); :func:`serve_from_env` is the
+receiving end. A server finds the others by name in that config
+(``<name>.<type>.<impl>.{host,port}``).
 """
 
 from __future__ import annotations

@@ -175,7 +175,8 @@ def generate(count: int, seed: int) -> Iterator[dict[str, Any]]:
         level = 1 + rng.randrange(5)
         values = template.draw(rng, level)
         question = template.text.format(**values, name=rng.choice(_NAMES))
-        if question in seen:  # identical lines would be one task (spec §1.3)
+        # identical lines would be one task (docs/nemo-gym-compat.md §Materialization)
+        if question in seen:
             continue
         seen.add(question)
         i += 1

@@ -1,4 +1,6 @@
-"""The model server: ``POST /v1/responses`` and ``POST /v1/chat/completions`` (spec §4.4).
+"""The model server: ``POST /v1/responses`` and ``POST /v1/chat/completions``.
+
+docs/nemo-gym-compat.md §Model server states NeMo Gym's contract.
 
 Two modes, chosen by the config:
 
@@ -52,7 +54,8 @@ def _ids(rng: random.Random, prefix: str) -> str:
 
 
 def responses_object(request: ResponsesRequest, done: Completion, model: str) -> dict[str, Any]:
-    """A Responses API object for one completion (usage as in spec §1.6)."""
+    """A Responses API object for one completion (usage as in docs/nemo-gym-compat.md §Result
+    rows)."""
     rng = random.Random(done.text)
     return {
         "id": _ids(rng, "resp_"),

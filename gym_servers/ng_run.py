@@ -1,7 +1,8 @@
 """``ng_run "+config_paths=[a.yaml,b.yaml]" [+key=value ...]``: start the servers of a config.
 
-As NeMo Gym's ``gym env start`` (spec §4.5): the YAML files are merged in order, then the
-overrides; ``${dotted.key}`` values are resolved and a leftover ``???`` fails. Every server gets
+As NeMo Gym's ``gym env start`` (docs/nemo-gym-compat.md §Head server): the YAML files are
+merged in order, then the overrides; ``${dotted.key}`` values are resolved and a leftover ``???``
+fails. Every server gets
 host ``127.0.0.1`` and a free port in [10001, 20000] unless it names one, and is started as
 ``NEMO_GYM_CONFIG_DICT=<yaml> NEMO_GYM_CONFIG_PATH=<name> python -m <entrypoint>`` (an
 ``entrypoint`` ending in ``.py`` is run as a file, relative to its config file). A head server

@@ -1,10 +1,12 @@
-"""The arithmetic resources server: ``/seed_session``, ``/verify`` (spec §4.3).
+"""The arithmetic resources server: ``/seed_session``, ``/verify``.
+
+docs/nemo-gym-compat.md §Resources server states NeMo Gym's contract.
 
 ``/verify`` extracts the answer from the response text and compares it with the row's
 ``expected_answer`` exactly (as numbers: ``37.50`` equals ``37.5``). The reply has NeMo Gym's
-key order (spec §1.6): ``responses_create_params``, ``response``, ``reward``, ``mask_sample``,
-``failure_kind``, ``failure_reason``, the environment's fields (``extracted_answer``,
-``is_correct``), then every other field of the request, echoed.
+key order (docs/nemo-gym-compat.md §Result rows): ``responses_create_params``, ``response``,
+``reward``, ``mask_sample``, ``failure_kind``, ``failure_reason``, the environment's fields
+(``extracted_answer``, ``is_correct``), then every other field of the request, echoed.
 """
 
 from __future__ import annotations

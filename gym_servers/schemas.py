@@ -1,4 +1,7 @@
-"""The strict OpenAI Responses request (spec §4.4) and usage arithmetic shared by the servers."""
+"""The strict OpenAI Responses request and usage arithmetic shared by the servers.
+
+The request's fields: docs/nemo-gym-compat.md §Model server.
+"""
 
 from __future__ import annotations
 

@@ -81,7 +81,8 @@ def _text_of(content: Any) -> str:
 
 
 def request_seed(metadata: Any, explicit: Any) -> int | None:
-    """The seed of a request: ``seed`` if given, else ``metadata.extra_body``'s (spec §1.3)."""
+    """The seed of a request: ``seed`` if given, else ``metadata.extra_body``'s
+    (docs/nemo-gym-compat.md §Materialization)."""
     if isinstance(explicit, int):
         return explicit
     extra = metadata.get("extra_body") if isinstance(metadata, dict) else None

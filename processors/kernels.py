@@ -1,10 +1,10 @@
 """Bit-exact numeric kernels: the same float64 operations, in the same order, as NeMo Gym.
 
 NeMo Gym computes with pandas/numpy, so every sum is numpy's pairwise sum over the group's
-values in (task, rollout) key order (spec §0.4). ``ndarray.sum`` over the last axis of a
-C-contiguous array performs exactly that pairwise sum per row (``tests/test_kernels.py`` checks
-it against a scalar transcription of the spec), which lets thousands of equal-sized groups be
-summed in one vectorised call instead of one call per group.
+values in (task, rollout) key order (docs/nemo-gym-compat.md §Numeric kernels). ``ndarray.sum``
+over the last axis of a C-contiguous array performs exactly that pairwise sum per row
+(``tests/test_kernels.py`` checks it against a scalar transcription of those rules), which lets
+thousands of equal-sized groups be summed in one vectorised call instead of one call per group.
 """
 
 from __future__ import annotations

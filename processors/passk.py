@@ -1,5 +1,6 @@
 """pass@k, pass@1[avg-of-k] and majority@k as NeMo Gym 0.7.0's
-``compute_pass_majority_metrics`` computes them (spec §1.8), from columns.
+``compute_pass_majority_metrics`` computes them (docs/nemo-gym-compat.md §pass@k and
+majority@k), from columns.
 
 Pure, no I/O. The input is one group's scored rollouts (an agent's, in a run) in (task, rollout)
 order, as the profile already holds them; the state keeps every value by (task, rollout), so a

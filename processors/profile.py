@@ -1,4 +1,6 @@
-"""Build NeMo Gym 0.7.0's three profile outputs from a :class:`ProfileState` (spec §2).
+"""Build NeMo Gym 0.7.0's three profile outputs from a :class:`ProfileState`.
+
+The rules: docs/nemo-gym-compat.md §Profiling.
 
 Pure: no I/O. ``sample`` rows are returned as locators for the sink to read back. The same
 function gives the final profile and any partial one (``allow_partial=True``), so a snapshot
@@ -56,7 +58,8 @@ _NO_ACROSS_SUFFIXES = (
 
 
 class CompletionSummary(NamedTuple):
-    """NeMo Gym's ``profile_completion_summary`` (spec §2.11), over the unmasked data."""
+    """NeMo Gym's ``profile_completion_summary`` (docs/nemo-gym-compat.md §Completion summary),
+    over the unmasked data."""
 
     expected_rollout_rows: int
     completed_rollout_rows: int
@@ -130,12 +133,14 @@ class Profile:
 
     @property
     def agent_metrics(self) -> list[dict[str, Any]]:
-        """``_agent_metrics.json``: one entry per agent label (spec §2.9)."""
+        """``_agent_metrics.json``: one entry per agent label (docs/nemo-gym-compat.md §Agent
+        metrics)."""
         return self._agent_entries[0]
 
     @property
     def repeat_metrics(self) -> list[dict[str, Any]]:
-        """``_repeat_level_metrics.json``: one entry per (label, rollout index) (spec §2.10)."""
+        """``_repeat_level_metrics.json``: one entry per (label, rollout index)
+        (docs/nemo-gym-compat.md §Repeat-level metrics)."""
         return self._agent_entries[1]
 
     @cached_property
@@ -143,10 +148,11 @@ class Profile:
         return self._summary()
 
     def aggregate_metrics(self, answers: bool) -> list[dict[str, Any]]:
-        """``_aggregate_metrics.json`` as NeMo Gym's pass@k servers make it (spec §1.8), one
-        entry per agent label: its profile entry with pass@k, avg-of-k and majority@k (with
-        ``answers``: the results carry their answer identities), ``num_repeats``, the
-        headline ``key_metrics`` and its repeat-level rows."""
+        """``_aggregate_metrics.json`` as NeMo Gym's pass@k servers make it
+        (docs/nemo-gym-compat.md §Aggregate metrics), one entry per agent label: its profile
+        entry with pass@k, avg-of-k and majority@k (with ``answers``: the results carry their
+        answer identities), ``num_repeats``, the headline ``key_metrics`` and its repeat-level
+        rows."""
         by_name = {g.name: g for g in self._groups()}
         out = []
         for entry in self.agent_metrics:
@@ -246,7 +252,8 @@ class _Keys(NamedTuple):
 
 
 def _align(state: ProfileState, inputs: _Inputs, allow_partial: bool) -> _Keys:
-    """Dense key ids plus NeMo Gym's alignment checks, in its order (spec §2.3)."""
+    """Dense key ids plus NeMo Gym's alignment checks, in its order (docs/nemo-gym-compat.md
+    §Alignment)."""
     n_in = len(inputs.task)
     tasks = np.concatenate([inputs.task, state.column(state.res_task)])
     rollouts = np.concatenate([inputs.rollout, state.column(state.res_rollout)])
@@ -312,7 +319,8 @@ def _summary(task: I64, run_key: I64, matched: npt.NDArray[np.bool_]) -> Complet
 
 
 def _labels(run_key: I64, agent: I64, names: list[str]) -> dict[int, int]:
-    """Run key -> label name id (spec §2.5), from the measured rows in file order."""
+    """Run key -> label name id (docs/nemo-gym-compat.md §Run labels), from the measured rows in
+    file order."""
     known = run_key >= 0
     run_key, agent = run_key[known], agent[known]
     keys, first = np.unique(run_key, return_index=True)
@@ -446,7 +454,7 @@ def _describe_segments(
                 for target, got in zip(out, stats[1:], strict=True):
                     target[c, which] = got[0]
     mean, mx, mn, median, std = out
-    if n_cols:  # NaN->0 std rule (spec §2.7.3)
+    if n_cols:  # NaN->0 std rule (docs/nemo-gym-compat.md §Std fill rule)
         fill = np.isnan(std).all(axis=0)[None, :] & (count == sizes[None, :])
         std = np.where(fill, 0.0, std)
     return GroupStats(count, mean, mx, mn, median, std)
@@ -454,7 +462,8 @@ def _describe_segments(
 
 class _StatKeys(NamedTuple):
     """The ``mean/* max/* min/* median/* std/*`` keys, in output order, and which of them
-    are written as ints (max and min when every column is int, spec §2.7)."""
+    are written as ints (max and min when every column is int, docs/nemo-gym-compat.md §Max and
+    min type)."""
 
     keys: list[str]
     is_int: list[bool]
@@ -564,7 +573,8 @@ class _RowFormat:
         return out
 
     def tails(self, nums: I64, expected: I64, infos: list[bytes]) -> list[bytes]:
-        """Each group's line after its sample value (spec §2.8's completion keys)."""
+        """Each group's line after its sample value (docs/nemo-gym-compat.md §Profile rows, keys
+        5-7)."""
         with np.errstate(divide="ignore", invalid="ignore"):  # a group expects >= its rollouts
             pct = np.where(expected > 0, 100.0 * nums / expected, 100.0)
         return [
@@ -651,7 +661,8 @@ def _across_repeats(entries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _coverage(agent: I64, task: I64, masked: npt.NDArray[np.bool_]) -> dict[int, dict[str, int]]:
-    """``coverage/*`` per agent that has a masked result, in order of first result (spec §2.4)."""
+    """``coverage/*`` per agent that has a masked result, in order of first result
+    (docs/nemo-gym-compat.md §Masking)."""
     out: dict[int, dict[str, int]] = {}
     for ag in dict.fromkeys(agent[masked].tolist()):
         if ag < 0:
@@ -725,7 +736,8 @@ def _task_rows(
     m_label: I64,
     fan_out: bool,
 ) -> TaskRows:
-    """Group by task, or by (task, label) under fan-out (spec §2.5, §2.8); rows built lazily."""
+    """Group by task, or by (task, label) under fan-out (docs/nemo-gym-compat.md §Run labels,
+    §Profile rows); rows built lazily."""
     if fan_out:
         labelled = m_label >= 0
         keep = np.flatnonzero(r.label >= 0)
@@ -772,7 +784,8 @@ def _task_rows(
 def _agent_metrics(
     names: list[str], r: _Rollouts
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Agent entries and repeat-level rows, per label sorted by name (spec §2.9, §2.10)."""
+    """Agent entries and repeat-level rows, per label sorted by name (docs/nemo-gym-compat.md
+    §Agent metrics, §Repeat-level metrics)."""
     agent_metrics: list[dict[str, Any]] = []
     repeat_metrics: list[dict[str, Any]] = []
     one = np.zeros(1, dtype=np.int64)
@@ -808,13 +821,14 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     has_result = np.zeros(keys.size, dtype=bool)
     has_result[keys.of_result] = True
 
-    # masking (spec §2.4): masked results and their rows leave the measured set
+    # masking (docs/nemo-gym-compat.md §Masking): masked results and their rows leave the
+    # measured set
     res_masked = state.column(state.res_masked).astype(bool)
     masked_key = np.zeros(keys.size, dtype=bool)
     masked_key[keys.of_result[res_masked]] = True
     measured_rows = ~masked_key[keys.of_input]
 
-    # labels and fan-out mode, from the measured rows (spec §2.5)
+    # labels and fan-out mode, from the measured rows (docs/nemo-gym-compat.md §Run labels)
     label_of = _labels(run_key[measured_rows], in_agent[measured_rows], names)
     lookup = np.full(len(names) + 1, -1, dtype=np.int64)  # index -1 (no run key) -> no label
     lookup[list(label_of)] = list(label_of.values())
@@ -841,7 +855,7 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
 
     def agents() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         agent_metrics, repeat_metrics = _agent_metrics(names, rollouts)
-        # coverage keys, from every matched result in key order (spec §2.4)
+        # coverage keys, from every matched result in key order (docs/nemo-gym-compat.md §Masking)
         matched = res_row[by_key]
         coverage = _coverage(in_agent[matched], in_task[matched], res_masked[by_key])
         by_name = {e["agent_ref"]["name"]: e for e in agent_metrics}

@@ -1,4 +1,6 @@
-"""Turn one raw result row into what profiling keeps of it (spec §2.6 and §2.8 step 7).
+"""Turn one raw result row into what profiling keeps of it.
+
+The rules: docs/nemo-gym-compat.md §Rollout records and §Profile rows (``rollout_infos``).
 
 Pure functions, no I/O: the batch reader and every producer of rollout events (publisher,
 collector, the embedded pipeline's reader) call :func:`extract_result` on the parsed row, and
@@ -252,7 +254,8 @@ def extract_result_reference(
         result = {k: v for k, v in result.items() if k != "mask_sample"}
     usage = _usage(result)
 
-    # Stats: usage values win, at the result key's position (spec §2.6).
+    # Stats: usage values win, at the result key's position (docs/nemo-gym-compat.md §Rollout
+    # records).
     merged = result | usage if usage else result
     names: list[str] = []
     is_int: list[bool] = []
@@ -278,7 +281,8 @@ def extract_result_reference(
         is_int.append(flag)
         values.append(float(raw))
 
-    # rollout_infos: top-level values win, at the usage key's position (spec §2.8).
+    # rollout_infos: top-level values win, at the usage key's position
+    # (docs/nemo-gym-compat.md §Profile rows).
     info: dict[str, Any] = {
         "rollout_id": f"{task}:{rollout}",
         "_ng_task_index": task,

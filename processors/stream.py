@@ -3,7 +3,7 @@
 faust-streaming 0.15.3 was measured to lose a record when a restarted worker finds a backlog
 (README), so the processor is a plain aiokafka consumer feeding the engine's
 :class:`rewardstream.processors.pipeline.Pipeline`; its state lives in Kafka the way Kafka Streams'
-and Quix Streams' does (``../shared/spec/engine-on-kafka.md``):
+and Quix Streams' does (docs/engine-on-kafka.md §Reference engines):
 
 - **Data** (inputs and rollouts topics) is consumed in a consumer group with the range assignor,
   so partition ``p`` of both topics (the same tasks: both are keyed by task) goes to one

@@ -1,11 +1,12 @@
-r"""``ng_collect_rollouts``: POST every materialized row to its agent's ``/run`` (spec §1.3-1.7).
+r"""``ng_collect_rollouts``: POST every materialized row to its agent's ``/run``.
 
     ng_collect_rollouts +input_jsonl_fpath=I +output_jsonl_fpath=D/S.jsonl [+agent_name=A] \
         [+num_repeats=N] [+num_samples_in_parallel=P] [+limit=L] [+num_repeats_add_seed=true] \
         [+resume_from_cache=true] [+responses_create_params.temperature=T] \
         [+kafka_bootstrap_servers=HOST:PORT [+kafka_wait_profile=true]]
 
-Files, as NeMo Gym names them: ``D/S_materialized_inputs.jsonl`` (spec §1.3), ``D/S.jsonl``
+NeMo Gym's rules: docs/nemo-gym-compat.md §Collection. Files, as NeMo Gym names them:
+``D/S_materialized_inputs.jsonl`` (docs/nemo-gym-compat.md §Materialization), ``D/S.jsonl``
 (results in completion order, flushed line by line), ``D/S_failures.jsonl`` (one row per failed
 attempt) and ``D/S_aggregate_metrics.json``; a new collection (no ``+resume_from_cache``) first
 moves what an earlier one left under these names aside, as ``NAME.~N~``. Agents are found by
@@ -256,9 +257,9 @@ def agent_of(row: dict[str, Any]) -> str:
 
 
 class _Tail(NamedTuple):
-    """How a file's end must be repaired before appending (spec §1.7), decided by reading only:
-    a final line cut short by a kill is dropped (``keep`` < ``size``), a whole one without its
-    newline gets one."""
+    """How a file's end must be repaired before appending (docs/nemo-gym-compat.md §Resume),
+    decided by reading only: a final line cut short by a kill is dropped (``keep`` < ``size``), a
+    whole one without its newline gets one."""
 
     size: int
     keep: int
@@ -303,8 +304,9 @@ class _Tail(NamedTuple):
 
 
 def _read_rows(path: Path, end: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of every non-blank line (resume skips blank lines, spec §1.7) in the
-    first ``end`` bytes (a final line cut short is not read)."""
+    """(line number, row) of every non-blank line (resume skips blank lines,
+    docs/nemo-gym-compat.md §Resume) in the first ``end`` bytes (a final line cut short is not
+    read)."""
     pos = 0
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -618,7 +620,8 @@ class _Collector:
             await _control(sink, RunFinished(run_id=self.run_id))
 
     def keep(self, result: dict[str, Any]) -> None:
-        """Hold what ``/aggregate_metrics`` is sent (spec §1.8)."""
+        """Hold what ``/aggregate_metrics`` is sent (docs/nemo-gym-compat.md §Aggregate
+        metrics)."""
         if not self.cfg.disable_aggregation:
             self.kept.append(verify_entry(result))
 
@@ -678,7 +681,8 @@ class _Collector:
             await _control(self.sink, _failed_event(failed, self.run_id))
 
     async def result(self, result: dict[str, Any], row: dict[str, Any]) -> None:
-        """Stamp (spec §1.5), route, write and flush one result; then publish it."""
+        """Stamp (docs/nemo-gym-compat.md §Dispatch and stamping), route, write and flush one
+        result; then publish it."""
         result["_ng_task_index"] = row["_ng_task_index"]
         result["_ng_rollout_index"] = row["_ng_rollout_index"]
         for key in _STAMPS:
@@ -1005,8 +1009,9 @@ class CollectionFailed(RewardstreamError):
 
 
 def verify_entry(result: dict[str, Any]) -> dict[str, Any]:
-    """What ``/aggregate_metrics`` is sent of a result (spec §1.8): the result without its
-    bulk, and of its response only ``usage`` and ``incomplete_details``."""
+    """What ``/aggregate_metrics`` is sent of a result (docs/nemo-gym-compat.md §Aggregate
+    metrics): the result without its bulk, and of its response only ``usage`` and
+    ``incomplete_details``."""
     entry = {k: v for k, v in result.items() if k not in _NOT_AGGREGATED}
     response = result.get("response")
     if isinstance(response, dict):

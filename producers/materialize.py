@@ -1,4 +1,6 @@
-"""Expand an input JSONL into NeMo Gym's materialized rows (spec §1.3), byte for byte.
+"""Expand an input JSONL into NeMo Gym's materialized rows, byte for byte.
+
+The rules: docs/nemo-gym-compat.md §Materialization.
 
 Supported: ``limit``, agent routing (``agent_ref``, ``agent_name``, ``agent_map`` with
 ``_default``), ``responses_create_params`` overrides (a shallow merge, new keys last in the

@@ -16,12 +16,12 @@ Each event is defined once, as a msgspec struct (:class:`Input`, :class:`Rollout
 schema (the rules are its field types; ``msgspec.json.schema(Rollout)`` writes them as JSON
 Schema), the type the processor applies, and what :func:`encode` writes. Decoding is on the
 processor's hot path: msgspec's compiled decoder parses and checks a rollout event in one pass.
-JSON itself is read by the batch reader's rules (spec §0.2: NaN/Infinity rejected, ints beyond
-64 bits become floats): those are orjson's, so an event msgspec rejects is parsed again by
-orjson, whose error (``not-json``, ``non-finite-number``) comes first, and ``record.info``,
-which the record keeps as bytes, is checked and written canonical by orjson. Encoding is
-orjson's too: its bytes are the producers' since schema 2 (msgspec writes ``1e16`` where orjson
-writes ``1e+16``).
+JSON itself is read by the batch reader's rules (docs/nemo-gym-compat.md §Reading JSONL:
+NaN/Infinity rejected, ints beyond 64 bits become floats): those are orjson's, so an event
+msgspec rejects is parsed again by orjson, whose error (``not-json``, ``non-finite-number``)
+comes first, and ``record.info``, which the record keeps as bytes, is checked and written
+canonical by orjson. Encoding is orjson's too: its bytes are the producers' since schema 2
+(msgspec writes ``1e16`` where orjson writes ``1e+16``).
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def task_key(task: int) -> bytes:
 # in the ``detail`` header).
 RejectReason = Literal[
     "not-json",  # not a JSON document (truncated, invalid UTF-8, binary, ...)
-    "non-finite-number",  # NaN, Infinity, or a number beyond a double: not JSON (spec 0.2)
+    # NaN, Infinity, or a number beyond a double: not JSON (docs/nemo-gym-compat.md §Reading JSONL)
+    "non-finite-number",
     "schema-version",  # a ``v`` other than SCHEMA_VERSION
     "missing-id",  # no run_id, task or rollout (or a row without its _ng_* indices)
     "invalid-event",  # any other violation of the event's schema (a wrong type, a bad run id)

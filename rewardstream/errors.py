@@ -47,7 +47,7 @@ class LineError(InputError):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        if self.malformed:  # NeMo Gym's wording (spec §0.2)
+        if self.malformed:  # NeMo Gym's wording (docs/nemo-gym-compat.md §Reading JSONL)
             return f"Malformed JSON in '{self.path}' at line {self.lineno}: {self.reason}"
         return f"{self.path} line {self.lineno}: {self.reason}"
 

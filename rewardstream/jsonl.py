@@ -1,4 +1,7 @@
-"""JSONL reading with NeMo Gym's rules (spec §0.2) and one-line errors naming file and line."""
+"""JSONL reading with NeMo Gym's rules and one-line errors naming file and line.
+
+The rules: docs/nemo-gym-compat.md §Reading JSONL.
+"""
 
 from __future__ import annotations
 

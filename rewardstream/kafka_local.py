@@ -3,7 +3,7 @@
 Why: the profiler's tests and local runs need a real broker, but there is no Docker engine here
 and no Python package ships the broker. Maven resolves the broker classpath from
 ``deploy/kafka-local/pom.xml`` once; each broker then runs as a plain ``java`` process in its own
-process group and fresh temporary directory (recipe: ``/work/shared/spec/kafka-local.md``).
+process group and fresh temporary directory (recipe: docs/kafka-local.md).
 
 CLI (``rewardstream kafka ...``, wired in via :func:`add_parser`):
 
@@ -87,7 +87,8 @@ WORKDIR_PREFIX = "rewardstream-kafka-"
 ALREADY_RUNNING = (
     "a broker is already running at {bootstrap} (pid {pid}); run 'rewardstream kafka stop' first"
 )
-# Spec §1.3/§1.6: upstream G1 flags with a smaller heap; StorageTool gets the tool default.
+# docs/kafka-local.md §JVM flags: upstream G1 flags with a smaller heap; StorageTool gets the
+# tool default.
 BROKER_JVM_ARGS = (
     "-Xms512m",
     "-Xmx1g",
@@ -280,7 +281,8 @@ def _server_properties(
     partitions: int = 1,
     replication: int = 1,
 ) -> str:
-    """Spec §1.4: by default one static voter, and RF/min-ISR 1 so groups and transactions work.
+    """By default one static voter, and RF/min-ISR 1 so groups and transactions work
+    (docs/kafka-local.md §Server properties).
 
     A cluster node passes its ``node_id``, all ``voters`` (``id@host:port,...``) and
     ``replication`` (> 1): new and internal topics then get that RF and min ISR ``RF - 1``, so
@@ -1086,7 +1088,7 @@ def _state_lock(folder: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def provide_broker() -> Iterator[str]:
-    """Yield a bootstrap address for tests, in the order of spec §4.
+    """Yield a bootstrap address for tests, in the order of docs/kafka-local.md §Broker for tests.
 
     ``KAFKA_BOOTSTRAP_SERVERS`` → a :class:`LocalBroker` from the jars (fetched if java and mvn
     exist) → testcontainers ``KafkaContainer().with_kraft()``. Raises :class:`BrokerUnavailable`

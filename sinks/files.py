@@ -286,8 +286,9 @@ def _create_temp(target: Path) -> tuple[int, str]:
 
 
 def summary_lines(profile: Profile, paths: ProfilePaths, aggregates: bool = False) -> list[str]:
-    """The seven stdout lines NeMo Gym 0.7.0 prints after profiling (spec §2.11), and two
-    more naming the aggregate and difficulty files when they were written."""
+    """The seven stdout lines NeMo Gym 0.7.0 prints after profiling (docs/nemo-gym-compat.md
+    §Completion summary), and two more naming the aggregate and difficulty files when they were
+    written."""
     s = profile.summary
     return [
         "Profiling outputs:",

@@ -1,7 +1,7 @@
 """Processors as separate hosts: each in a mount namespace of its own with a private disk
-(``../shared/spec/engine-on-kafka.md``), sharing nothing but the broker. Exactly one final
-profile, byte-identical to batch, from ``rewardstream profiles get``; snapshots from either
-member cover the whole run; a member lost with its disk is rebuilt from Kafka."""
+(docs/engine-on-kafka.md §Several hosts on one machine), sharing nothing but the broker. Exactly
+one final profile, byte-identical to batch, from ``rewardstream profiles get``; snapshots from
+either member cover the whole run; a member lost with its disk is rebuilt from Kafka."""
 
 from __future__ import annotations
 

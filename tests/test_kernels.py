@@ -1,4 +1,7 @@
-"""The kernels reproduce the reference's float64 operations bit for bit (spec §0.4)."""
+"""The kernels reproduce the reference's float64 operations bit for bit.
+
+The rules: docs/nemo-gym-compat.md §Numeric kernels.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from rewardstream.processors.kernels import (
 
 
 def spec_sum(x: list[float]) -> float:
-    """Scalar transcription of the spec's pairwise sum S."""
+    """Scalar transcription of the pairwise sum S (docs/nemo-gym-compat.md §Numeric kernels)."""
     n = len(x)
     if n < 8:
         r = 0.0
@@ -88,7 +91,7 @@ def test_quantile_matches_numpy_linear() -> None:
 
 
 def test_t_interval_hand_checked_values() -> None:
-    # spec §2.10.4: blackjack across-repeats reward
+    # docs/nemo-gym-compat.md §Worked example: blackjack across-repeats reward
     assert t_interval(0.2, 0.48989794855663565, 5) == (-1.1601747613165114, 1.5601747613165113)
     assert t_interval(1.0, 0.0, 5) == (1.0, 1.0)
     assert t_interval(1.0, 0.5, 1) is None

@@ -50,7 +50,8 @@ def collections(draw: st.DrawFn) -> tuple[list[Input], list[Rollout]]:
     (non-ASCII columns, usage, masked rows), some rollouts sent twice."""
     keys = draw(st.sets(st.tuples(st.integers(-3, 6), st.integers(0, 3)), max_size=25))
     agents = [None, "agent-ä", "b", "エージェント"]
-    mixed = draw(st.booleans())  # a task's rows under several agents: fan-out (spec §2.8)
+    # a task's rows under several agents: fan-out (docs/nemo-gym-compat.md §Run labels)
+    mixed = draw(st.booleans())
     inputs, rollouts = [], []
     for line, (task, rollout) in enumerate(sorted(keys)):
         agent = agents[(task + rollout * mixed) % len(agents)]

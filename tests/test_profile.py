@@ -1,5 +1,6 @@
 """Task rows are rendered from byte templates and bulk-formatted numbers: they must be exactly
-the bytes orjson writes for the same values (what NeMo Gym writes, spec §2.8)."""
+the bytes orjson writes for the same values (what NeMo Gym writes, docs/nemo-gym-compat.md
+§Profile rows)."""
 
 from __future__ import annotations
 

@@ -161,7 +161,8 @@ def test_live_stats_follow_agent_hint() -> None:
 
 def test_rows_are_profiled_in_file_order_whatever_their_arrival() -> None:
     """A server fronting two agents is labelled by the agent of its *first row in the file*
-    (spec §2.5), even when a later row arrives first (another partition was faster)."""
+    (docs/nemo-gym-compat.md §Run labels), even when a later row arrives first (another
+    partition was faster)."""
     rows = [
         {"agent_ref": {"name": a}, "_ng_environment_server": "env"}
         | {"_ng_task_index": t, "_ng_rollout_index": 0}
