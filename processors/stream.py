@@ -1,7 +1,7 @@
 """``rewardstream stream``: the Kafka stream processor, sharing nothing with its peers but Kafka.
 
 faust-streaming 0.15.3 was measured to lose a record when a restarted worker finds a backlog
-(README), so the processor is a plain aiokafka consumer feeding the engine's
+(docs/development.md), so the processor is a plain aiokafka consumer feeding the engine's
 :class:`rewardstream.processors.pipeline.Pipeline`; its state lives in Kafka the way Kafka Streams'
 and Quix Streams' does (docs/engine-on-kafka.md §Reference engines):
 

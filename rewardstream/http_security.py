@@ -220,7 +220,8 @@ def _option(group: Any, name: str, help_text: str) -> None:
 def add_client_arguments(parser: argparse.ArgumentParser) -> Any:
     """The options of a command that asks a processor over HTTP (returns their group)."""
     group = parser.add_argument_group(
-        "HTTP security", f"the processor's token: --http-token-file or ${TOKEN_ENV} (README)"
+        "HTTP security",
+        f"the processor's token: --http-token-file or ${TOKEN_ENV} (docs/security.md)",
     )
     _option(group, "token-file", "a file holding the processor's bearer token")
     group.add_argument(

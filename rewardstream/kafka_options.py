@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--kafka-security-protocol`` etc.: every non-secret setting, each defaulting to its
     ``REWARDSTREAM_KAFKA_*`` variable."""
     group = parser.add_argument_group(
-        "Kafka security", f"also from the environment: {ENV_PREFIX}<NAME> (see README)"
+        "Kafka security", f"also from the environment: {ENV_PREFIX}<NAME> (docs/security.md)"
     )
     for field, text in OPTIONS.items():
         flag = "--kafka-" + field.replace("sasl_plain_", "sasl_").replace("_", "-")

@@ -121,7 +121,7 @@ class _LiveCollector(Collector):
         task_figures: dict[str, dict[str, _Tasks]] = {}
         for run_id, run in self._runs().items():
             if run.terminal is not None and run.terminal.evicted:
-                continue  # abandoned: its series go (README, --evict-after)
+                continue  # abandoned: its series go (docs/streaming.md, --evict-after)
             for agent, classes in run.failures.items():
                 for failure_class, n in classes.items():
                     failed.add_metric([run_id, agent, failure_class], n)

@@ -301,8 +301,8 @@ async def test_an_event_too_large_for_kafka_is_a_dead_letter_not_an_abort(
 def test_a_broker_that_is_down_turns_the_live_view_off_not_the_collection(
     servers: NgRun, tmp_path: Path
 ) -> None:
-    """README: Kafka never stops a collection. One line says the live view is off and how to
-    publish the files afterwards; the files are those of a collection without Kafka."""
+    """docs/collection.md: Kafka never stops a collection. One line says the live view is off
+    and how to publish the files afterwards; the files are those of a collection without Kafka."""
     src = write_problems(tmp_path / "problems.jsonl", 6)
     out = tmp_path / "out" / "r.jsonl"
     inputs = out.with_name("r_materialized_inputs.jsonl")
