@@ -6,7 +6,8 @@ Pre-fills a topic with rollout events, then runs ``bench/faust_naive_app.py`` as
 ``faust worker`` and times it from its ``Ready`` log line until it has folded every event
 (into two changelog-backed tables: count and reward sum per agent). The same events are then
 consumed by :class:`rewardstream.processors.stream.StreamProcessor` (dedupe, full extraction, exact
-per-value storage), timed from its first record until all are folded.
+per-value storage), timed from the end of its group join (its partitions assigned) until all
+are folded.
 """
 
 from __future__ import annotations

@@ -1134,7 +1134,8 @@ def _young_collections(threshold: int) -> Iterator[None]:
 
     A fetched batch keeps ~10 objects per record alive while it is applied (aiokafka's
     records, decoded events); with CPython's default they survive young collections and drive
-    full ones, which scan the whole heap: ~3 us of the ~13 us a rollout cost (BENCHMARKS.md).
+    full ones, which scan the whole heap (docs/history/benchmarks.md: raising the threshold
+    was one of the changes that took a rollout's processor CPU from 9.6-15 us to 5.2-6.6 us).
     Cycles are still collected, just later.
     """
     before = gc.get_threshold()
