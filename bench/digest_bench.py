@@ -1,5 +1,5 @@
 """The content digest's cost in the processor's fold: ``Pipeline.handle_rollouts`` per rollout
-with :func:`rewardstream.contract.content_digest` (XXH3) against the same fold with a blake2b
+with :func:`rewardstream.contract.events.content_digest` (XXH3) against the same fold with a blake2b
 digest of the same packed bytes (what it used before), interleaved in one session.
 
     .venv/bin/python -m bench.digest_bench [--tasks 20000] [--repeats 8] [--runs 5]
@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import rewardstream.processors.runs as runs_module
-from rewardstream.contract import Input, Rollout, content_bytes, content_digest, encode
-from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.records import extract_result
+import rewardstream.processors.engine.runs as runs_module
+from rewardstream.contract.events import Input, Rollout, content_bytes, content_digest, encode
+from rewardstream.processors.core.records import extract_result
+from rewardstream.processors.engine.pipeline import Pipeline
 
 SLICE = 2_048  # events per handle_* call, as the processor applies them
 

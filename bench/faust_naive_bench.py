@@ -24,8 +24,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from bench.measure import kafka_workspace
-from rewardstream.contract import Topics, encode_rollout, task_key
-from rewardstream.processors.records import extract_result
+from rewardstream.contract.events import Topics, encode_rollout, task_key
+from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.stream import StreamProcessor
 
 HERE = Path(__file__).resolve().parent

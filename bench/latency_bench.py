@@ -23,8 +23,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.measure import kafka_workspace
-from rewardstream.contract import Topics, encode_rollout, task_key
-from rewardstream.processors.records import extract_result
+from rewardstream.contract.events import Topics, encode_rollout, task_key
+from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.stream import StreamProcessor
 
 

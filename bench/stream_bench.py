@@ -37,13 +37,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.generate import generate
 from bench.measure import kafka_workspace
-from rewardstream.contract import RunStarted, Topics, decode_inputs, decode_rollouts, encode
-from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.runs import Run
+from rewardstream.contract.events import RunStarted, Topics, decode_inputs, decode_rollouts, encode
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.engine.runs import Run
 from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.events import WireEvent, input_events, rollout_events
-from rewardstream.sinks.profiles import ensure_topics
+from rewardstream.sinks.topics.profiles import ensure_topics
 
 
 async def prefill(bootstrap: str, topics: Topics, events: list[WireEvent]) -> None:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from rewardstream.contract import RunFinished, RunStarted, checked, encode
+from rewardstream.contract.events import EventKind, RunFinished, RunStarted, checked, encode
 from rewardstream.errors import InputError
-from rewardstream.processors.live import of_state
-from rewardstream.processors.pipeline import Pipeline, Rejected
-from rewardstream.processors.runs import Done, PartView, Run, merge_parts
+from rewardstream.processors.engine.live import of_state
+from rewardstream.processors.engine.pipeline import Pipeline, Rejected
+from rewardstream.processors.engine.runs import Done, PartView, Run, merge_parts
 from rewardstream.producers.events import input_events, rollout_events
 from rewardstream.sinks.files import ProfilePaths, write_final
 
-__all__ = ["finish", "stream_files"]
+__all__ = ["PipelineSink", "finish", "stream_files"]
 
 log = logging.getLogger(__name__)
 
@@ -81,3 +81,29 @@ def stream_files(
             why = run.error or f"{run.rollouts} of {run.expected} rollouts, not finished"
             raise InputError(f"run {run_id}: no profile written: {why}")
         return paths
+
+
+class PipelineSink:
+    """Feeds the in-process :class:`Pipeline` (the embedded transport: no broker): the
+    collector's :class:`~rewardstream.producers.publisher.live.EventSink` without Kafka."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.error: str | None = None  # never set: a failure here is raised
+        self.run: Run | None = None
+        self.paths: ProfilePaths | None = None
+        self.rejected: list[Rejected] = []
+        pipeline.on_reject = self.rejected.append
+
+    async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
+        self.run = self.pipeline.handle(kind, value) or self.run
+        if self.rejected:
+            first = self.rejected[0]
+            raise InputError(f"event rejected by the pipeline ({first.reason}): {first.detail}")
+        return True
+
+    async def close(self, finished: bool) -> None:
+        if finished and self.run is not None:
+            self.paths = finish(self.pipeline, self.run)
+            if self.paths is None:
+                raise InputError(f"run {self.run.run_id}: no profile written: {self.run.error}")

@@ -2,8 +2,8 @@
 
 faust-streaming 0.15.3 was measured to lose a record when a restarted worker finds a backlog
 (docs/development.md), so the processor is a plain aiokafka consumer feeding the engine's
-:class:`rewardstream.processors.pipeline.Pipeline`; its state lives in Kafka the way Kafka Streams'
-and Quix Streams' does (docs/engine-on-kafka.md §Reference engines):
+:class:`rewardstream.processors.engine.pipeline.Pipeline`; its state lives in Kafka the way Kafka
+Streams' and Quix Streams' does (docs/engine-on-kafka.md §Reference engines):
 
 - **Data** (inputs and rollouts topics) is consumed in a consumer group with the range assignor,
   so partition ``p`` of both topics (the same tasks: both are keyed by task) goes to one
@@ -14,11 +14,11 @@ and Quix Streams' does (docs/engine-on-kafka.md §Reference engines):
 - **Members** (``<prefix>.members``): each processor publishes what it owns (positions, counts
   per run) and where it serves its parts; peers learn from it when a run is complete and whom
   to ask for a part. Parts travel over HTTP as versioned bytes
-  (:mod:`rewardstream.processors.partwire`).
+  (:mod:`rewardstream.processors.engine.partwire`).
 - **Finals** (``<prefix>.finals`` and ``<prefix>.profiles``): the owner of ``rollout-0`` (the
   leader) merges every unit's part and writes the run's final files in one transaction
-  (:mod:`rewardstream.sinks.profiles`), which fences a paused-and-resumed leader; every processor
-  reads the final records, retires the run, and from then on parks the run's late events.
+  (:mod:`rewardstream.sinks.topics.profiles`), which fences a paused-and-resumed leader; every
+  processor reads the final records, retires the run, and from then on parks the run's late events.
 - **Control** events are read by every processor, from the start, outside the group.
 """
 
@@ -53,8 +53,7 @@ from aiokafka import (
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError
 
-from rewardstream.contract import Topics, content_hex, content_sum
-from rewardstream.engine_contract import (
+from rewardstream.contract.engine import (
     EngineTopics,
     FinalRecord,
     MemberRecord,
@@ -63,15 +62,14 @@ from rewardstream.engine_contract import (
     decode_member,
     encode_record,
 )
+from rewardstream.contract.events import EventKind, Topics, content_hex, content_sum
 from rewardstream.errors import InputError, KafkaUnreachable, RewardstreamError
-from rewardstream.http_security import HttpSecurity
-from rewardstream.kafka_config import KafkaSecurity, start_client
-from rewardstream.processors.http import IDLE_TIMEOUT, make_app, serve
-from rewardstream.processors.live import AgentLive, final_agents, final_figures, of_state
-from rewardstream.processors.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
-from rewardstream.processors.pipeline import (
+from rewardstream.infra.http_security import HttpSecurity
+from rewardstream.kafka.config import KafkaSecurity, start_client
+from rewardstream.processors.engine.live import AgentLive, final_agents, final_figures, of_state
+from rewardstream.processors.engine.partwire import PART_LIST_TYPE, ReceivedPart, decode_answer
+from rewardstream.processors.engine.pipeline import (
     STALL_AFTER,
-    EventKind,
     Late,
     Pipeline,
     Rejected,
@@ -79,11 +77,12 @@ from rewardstream.processors.pipeline import (
     Stray,
     log_level,
 )
-from rewardstream.processors.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
-from rewardstream.processors.snapshot import SnapshotLimits
+from rewardstream.processors.engine.runs import Counts, Done, PartCounts, PartView, Run, merge_parts
+from rewardstream.processors.http.server import IDLE_TIMEOUT, make_app, serve
+from rewardstream.processors.http.snapshot import SnapshotLimits
 from rewardstream.sinks.files import ProfilePaths, write_files, write_final
 from rewardstream.sinks.metrics import Metrics
-from rewardstream.sinks.profiles import (
+from rewardstream.sinks.topics.profiles import (
     ensure_topics,
     fetch_profile,
     finals_of,
@@ -718,7 +717,7 @@ class StreamProcessor:
     async def _park_strays(self, producer: AIOKafkaProducer) -> None:
         """Park the rollouts the engine found foreign (``unknown-key``), read again by offset,
         then commit their units at once: the commit's metadata keeps their offsets
-        (:attr:`~rewardstream.processors.runs.Unit.parked`), so a replay parks none again.
+        (:attr:`~rewardstream.processors.engine.runs.Unit.parked`), so a replay parks none again.
 
         A crash between the dead letters' acknowledgement and that commit (or more parked
         ranges than a commit keeps) parks one again on replay: a copy, recognisable as such,

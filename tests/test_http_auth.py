@@ -28,14 +28,14 @@ from aiokafka import AIOKafkaConsumer
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from rewardstream.cli import main
-from rewardstream.contract import Topics
-from rewardstream.engine_contract import EngineTopics, decode_member
+from rewardstream.commands.cli import main
+from rewardstream.contract.engine import EngineTopics, decode_member
+from rewardstream.contract.events import Topics
 from rewardstream.errors import InputError
-from rewardstream.http_security import TOKEN_ENV, HttpSecurity, open_url
-from rewardstream.processors.auth import COOKIE, OPEN
-from rewardstream.processors.http import make_app, serve
-from rewardstream.processors.pipeline import Pipeline
+from rewardstream.infra.http_security import TOKEN_ENV, HttpSecurity, open_url
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.http.auth import COOKIE, OPEN
+from rewardstream.processors.http.server import make_app, serve
 from rewardstream.processors.stream import StreamProcessor, Unavailable
 from rewardstream.sinks.metrics import Metrics
 from tests.golden import GOLDEN, assert_batch_files, generated_collection, golden_cases
@@ -504,7 +504,7 @@ def _members(bootstrap: str, prefix: str) -> list[bytes]:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
         await consumer.start()
         try:
-            from rewardstream.sinks.profiles import read_to_end
+            from rewardstream.sinks.topics.profiles import read_to_end
 
             topic = EngineTopics.of(Topics.for_prefix(prefix)).members
             return [r.value async for r in read_to_end(consumer, topic) if r.value is not None]

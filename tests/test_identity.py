@@ -19,8 +19,10 @@ import pytest
 from aiohttp import web
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from rewardstream.cli import ng_reward_profile
-from rewardstream.contract import (
+from rewardstream.commands.cli import ng_reward_profile
+from rewardstream.contract.engine import EngineTopics, FinalRecord
+from rewardstream.contract.events import (
+    EventKind,
     Input,
     Rollout,
     Topics,
@@ -30,17 +32,16 @@ from rewardstream.contract import (
     decode_rollout,
     encode,
 )
-from rewardstream.engine_contract import EngineTopics, FinalRecord
-from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.names import ProfilePaths
-from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
-from rewardstream.processors.records import extract_result
-from rewardstream.processors.runs import Part
-from rewardstream.producers.collect import CollectConfig, collect
-from rewardstream.producers.content import Conflict, files_content
-from rewardstream.producers.live import KafkaSink
+from rewardstream.contract.names import ProfilePaths
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.processors.core.records import extract_result
+from rewardstream.processors.engine.pipeline import Pipeline, Rejected
+from rewardstream.processors.engine.runs import Part
+from rewardstream.producers.gym.collect import CollectConfig, collect
+from rewardstream.producers.publisher.live import KafkaSink
 from rewardstream.sinks.metrics import Metrics
-from rewardstream.sinks.profiles import list_finals
+from rewardstream.sinks.topics.content import Conflict, files_content
+from rewardstream.sinks.topics.profiles import list_finals
 from tests.golden import assert_batch_files, file_events, generated_collection
 from tests.gym import serve, write_problems
 from tests.processes import Processor, make_topics, send_events
@@ -223,7 +224,7 @@ def test_the_digest_reads_content_not_bytes_nor_publish_time() -> None:
 
 def _publish(bootstrap: str, prefix: str, inputs: Path, rollouts: Path, *extra: str) -> Finished:
     """``rewardstream publish --wait-profile`` as a user runs it: a process of its own."""
-    argv = [sys.executable, "-m", "rewardstream.cli", "publish", "--inputs", str(inputs)]
+    argv = [sys.executable, "-m", "rewardstream.commands.cli", "publish", "--inputs", str(inputs)]
     argv += ["--rollouts", str(rollouts), "--bootstrap", bootstrap, "--topic-prefix", prefix]
     argv += ["--quiet", "--wait-profile", "--wait-timeout", "90", *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)

@@ -9,10 +9,11 @@ import orjson
 import pytest
 
 from bench.generate import generate
+from rewardstream.contract.events import EventKind
+from rewardstream.processors.engine.pipeline import Pipeline, Rejected, RemoteUnit
+from rewardstream.processors.engine.runs import Counts, Done
+from rewardstream.processors.http.snapshot import SnapshotJob
 from rewardstream.processors.inprocess import finish
-from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected, RemoteUnit
-from rewardstream.processors.runs import Counts, Done
-from rewardstream.processors.snapshot import SnapshotJob
 from rewardstream.producers.events import rollout_event
 from rewardstream.sinks.snapshot_wire import receive
 from tests.golden import (

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Literal
 import orjson
 import pytest
 
-from rewardstream.contract import RunFinished, Topics, encode
+from rewardstream.contract.events import EventKind, RunFinished, Topics, encode
+from rewardstream.processors.core.state import ProfileState
+from rewardstream.processors.engine.live import AgentLive, of_state
+from rewardstream.processors.engine.pipeline import Pipeline, Rejected
 from rewardstream.processors.inprocess import finish
-from rewardstream.processors.live import AgentLive, of_state
-from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
-from rewardstream.processors.state import ProfileState
 from tests.golden import (
     assert_batch_files,
     file_events,
@@ -39,7 +39,7 @@ from tests.test_poison import dead_letters, keyed, metrics, send
 from tests.test_snapshot import take
 
 if TYPE_CHECKING:
-    from rewardstream.processors.pipeline import Stray
+    from rewardstream.processors.engine.pipeline import Stray
 
 TASKS, REPEATS = 6, 3
 Where = Literal["task", "rollout"]  # a task index past the last, a rollout index past repeats
