@@ -49,10 +49,12 @@ def fold_us(digest: Digest, inputs: list[bytes], rollouts: list[bytes]) -> float
     setattr(runs_module, "content_digest", digest)  # noqa: B010 (the one name the fold calls)
     with tempfile.TemporaryDirectory() as folder, Pipeline(Path(folder)) as pipeline:
         for i in range(0, len(inputs), SLICE):
-            pipeline.handle_inputs(inputs[i : i + SLICE], "input-0", i)
+            chunk = inputs[i : i + SLICE]
+            pipeline.handle_inputs(chunk, "input-0", range(i, i + len(chunk)))
         began = time.perf_counter()
         for i in range(0, len(rollouts), SLICE):
-            if pipeline.handle_rollouts(rollouts[i : i + SLICE], "rollout-0", i) is None:
+            chunk = rollouts[i : i + SLICE]
+            if pipeline.handle_rollouts(chunk, "rollout-0", range(i, i + len(chunk))) is None:
                 raise SystemExit("a slice left the fast path: the bench measures the wrong thing")
         return (time.perf_counter() - began) / len(rollouts) * 1e6
 

@@ -114,19 +114,20 @@ def stage_costs(work: Path, inputs: list[bytes], rollouts: list[bytes]) -> str:
     """CPU per event of the processor's stages, in process on the same bytes, in its slices of
     2,000: decoding (with the checks), then the whole apply (decode, dedupe, fold)."""
 
-    def per_event(step: Callable[[list[bytes], int], object], raws: list[bytes]) -> float:
+    def per_event(step: Callable[[list[bytes], range], object], raws: list[bytes]) -> float:
         cpu = time.process_time()
         for start in range(0, len(raws), 2_000):
-            step(raws[start : start + 2_000], start)
+            chunk = raws[start : start + 2_000]
+            step(chunk, range(start, start + len(chunk)))
         return (time.process_time() - cpu) / len(raws) * 1e6
 
     pipeline = Pipeline(work / "stages")
     costs = {
         "decode input": per_event(lambda raws, _: decode_inputs(raws), inputs),
-        "apply input": per_event(lambda r, at: pipeline.handle_inputs(r, "input-0", at), inputs),
+        "apply input": per_event(lambda r, at: pipeline.apply("input", r, "input-0", at), inputs),
         "decode rollout": per_event(lambda raws, _: decode_rollouts(raws), rollouts),
         "apply rollout": per_event(
-            lambda r, at: pipeline.handle_rollouts(r, "rollout-0", at), rollouts
+            lambda r, at: pipeline.apply("rollout", r, "rollout-0", at), rollouts
         ),
     }
     parts = [f"{stage} {cost:.1f}" for stage, cost in costs.items()]

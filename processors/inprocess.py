@@ -55,8 +55,7 @@ def stream_files(
 ) -> ProfilePaths:
     """Stream a collection's files through the pipeline; returns where the profile went
     (with the aggregate and difficulty files when ``aggregate_metrics``)."""
-    rejected: list[Rejected] = []
-    with Pipeline(output_dir, on_reject=rejected.append) as pipeline:
+    with Pipeline(output_dir) as pipeline:
         n_inputs = 0
         for event in input_events(inputs, run_id):
             pipeline.handle(event.kind, event.value)
@@ -73,7 +72,7 @@ def stream_files(
         for event in rollout_events(rollouts, run_id, answer_key):
             pipeline.handle(event.kind, event.value)
         run = pipeline.handle("control", encode(RunFinished(run_id=run_id)))
-        if rejected:
+        if rejected := pipeline.take_rejected():
             raise InputError(f"event rejected ({rejected[0].reason}): {rejected[0].detail}")
         assert run is not None
         paths = finish(pipeline, run)
@@ -92,11 +91,11 @@ class PipelineSink:
         self.error: str | None = None  # never set: a failure here is raised
         self.run: Run | None = None
         self.paths: ProfilePaths | None = None
-        self.rejected: list[Rejected] = []
-        pipeline.on_reject = self.rejected.append
+        self.rejected: list[Rejected] = []  # every send from the first refuses
 
     async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
         self.run = self.pipeline.handle(kind, value) or self.run
+        self.rejected += self.pipeline.take_rejected()
         if self.rejected:
             first = self.rejected[0]
             raise InputError(f"event rejected by the pipeline ({first.reason}): {first.detail}")

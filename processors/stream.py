@@ -167,7 +167,6 @@ class StreamProcessor:
         self.metrics = Metrics(lambda: self.pipeline.runs, self.lag, clock=time.monotonic)
         self.pipeline = Pipeline(
             output_dir or self.state_dir / "finals",
-            on_reject=self._reject,
             metrics=self.metrics,
             max_event_bytes=max_event_bytes,
             state_dir=self.state_dir / "parts",
@@ -177,8 +176,6 @@ class StreamProcessor:
         )
         self._rejected: list[tuple[Rejected, str]] = []  # with "topic:partition:offset"
         self._parking = 0  # dead letters sent but not yet acknowledged
-        self._at: ConsumerRecord | None = None  # the record being handled, for dead letters
-        self._slice: list[ConsumerRecord] = []  # the records being applied as one batch
         self._quiet_start = _QuietStart()
         self._data: AIOKafkaConsumer | None = None
         self._kinds: dict[str, EventKind] = {
@@ -393,19 +390,21 @@ class StreamProcessor:
         return TopicPartition(topic, int(partition))
 
     # -- dead letters -------------------------------------------------------------------------
-    def _reject(self, rejected: Rejected) -> None:
-        at = self._at  # one by one; in a slice applied whole (a conflict), the event's record
-        at = next((r for r in self._slice if r.value is rejected.raw), at)
-        source = f"{at.topic}:{at.partition}:{at.offset}" if at is not None else ""
-        log.log(
-            log_level(rejected.reason),
-            "dead letter from %s (%s event, %s): %s",
-            source,
-            rejected.kind,
-            rejected.reason,
-            rejected.detail,
-        )
-        self._rejected.append((rejected, source))
+    def _take_rejected(self, topic: str, partition: int) -> None:
+        """The events the engine rejected, handed from ``topic``'s ``partition``: each to be
+        parked, named by its ``topic:partition:offset``."""
+        for rejected in self.pipeline.take_rejected():
+            at = rejected.offset
+            source = f"{topic}:{partition}:{at}" if at is not None else ""
+            log.log(
+                log_level(rejected.reason),
+                "dead letter from %s (%s event, %s): %s",
+                source,
+                rejected.kind,
+                rejected.reason,
+                rejected.detail,
+            )
+            self._rejected.append((rejected, source))
 
     async def _dead_letters(self, producer: AIOKafkaProducer) -> None:
         """Park rejected events, original bytes and reason, before their offsets are saved.
@@ -697,8 +696,8 @@ class StreamProcessor:
     async def _read_again(
         self, unit: str, start: int, end: int, pick: Callable[[ConsumerRecord], None]
     ) -> None:
-        """Read a unit's records in offsets [``start``, ``end``) again, handing each to ``pick``
-        as the record being handled (named by the dead letters it makes)."""
+        """Read a unit's records in offsets [``start``, ``end``) again, handing each to ``pick``;
+        what the engine rejects meanwhile is parked as from there."""
         tp = self._tp(unit)
         consumer = reader(self.bootstrap, self.security)
         try:
@@ -709,8 +708,8 @@ class StreamProcessor:
                 for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
                     if record.offset >= end:
                         break
-                    self._at = record
                     pick(record)
+                    self._take_rejected(record.topic, record.partition)
         finally:
             await consumer.stop()
 
@@ -753,7 +752,7 @@ class StreamProcessor:
         def pick(record: ConsumerRecord) -> None:
             nonlocal found
             if _run_of(record.value or b"") == late.run_id:
-                self.pipeline.reject_late(kind, record.value or b"", late.run_id)
+                self.pipeline.reject_late(kind, record.value or b"", late.run_id, record.offset)
                 found += 1
 
         try:
@@ -949,10 +948,9 @@ class StreamProcessor:
             ends = await self._end_offsets()  # fetched after the records: covers what preceded
             for records in batch.values():
                 for record in records:
-                    self._at = record
-                    run = self.pipeline.handle(
-                        "control", record.value or b"", timestamp=record.timestamp
-                    )
+                    value, at, stamp = record.value or b"", record.offset, record.timestamp
+                    run = self.pipeline.handle("control", value, offset=at, timestamp=stamp)
+                    self._take_rejected(record.topic, record.partition)
                     if run is not None and run.finished and not run.finish_at:
                         run.finish_at = ends
             if self._rejected:
@@ -1038,20 +1036,9 @@ class StreamProcessor:
             if unit is None or generation != self._generation:
                 return
             part = records[start : start + _SLICE]
-            batch = (
-                self.pipeline.handle_rollouts if kind == "rollout" else self.pipeline.handle_inputs
-            )
-            stamps = [r.timestamp for r in part]
-            self._slice = part
-            try:
-                runs = batch([r.value or b"" for r in part], name, part[0].offset, stamps)
-            finally:
-                self._slice = []
-            if runs is None:  # a slice with an event to reject (named by self._at), one by one
-                for record in part:
-                    self._at = record
-                    value = record.value or b""
-                    self.pipeline.handle(kind, value, name, record.offset, record.timestamp)
+            raws, offsets = [r.value or b"" for r in part], [r.offset for r in part]
+            self.pipeline.apply(kind, raws, name, offsets, [r.timestamp for r in part])
+            self._take_rejected(tp.topic, tp.partition)
             self.consumed += len(part)
             unit.position = part[-1].offset + 1
             self._moved.add(name)

@@ -35,7 +35,7 @@ from rewardstream.contract.events import (
 from rewardstream.contract.names import ProfilePaths
 from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.processors.core.records import extract_result
-from rewardstream.processors.engine.pipeline import Pipeline, Rejected
+from rewardstream.processors.engine.pipeline import Pipeline, log_level
 from rewardstream.processors.engine.runs import Part
 from rewardstream.producers.gym.collect import CollectConfig, collect
 from rewardstream.producers.publisher.live import KafkaSink
@@ -77,7 +77,7 @@ def _apply(pipeline: Pipeline, kind: EventKind, batches: list[list[bytes]], batc
     for raws in batches:
         if batch:
             handle = pipeline.handle_rollouts if kind == "rollout" else pipeline.handle_inputs
-            assert handle(raws, f"{kind}-0", at) is not None
+            assert handle(raws, f"{kind}-0", range(at, at + len(raws))) is not None
         else:
             for i, raw in enumerate(raws):
                 pipeline.handle(kind, raw, f"{kind}-0", at + i)
@@ -88,8 +88,8 @@ def _apply(pipeline: Pipeline, kind: EventKind, batches: list[list[bytes]], batc
 def test_a_rollout_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
     tmp_path: Path, batch: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path, rejected.append) as pipeline:
+    with Pipeline(tmp_path) as pipeline:
+        rejected = pipeline.rejected
         pipeline.metrics = metrics = _metrics(pipeline)
         rows = [_input(t, r, line=i) for i, (t, r) in enumerate([(0, 0), (0, 1), (1, 0), (2, 0)])]
         _apply(pipeline, "input", [rows], batch)  # a rollout counts once its row is in
@@ -114,23 +114,24 @@ def test_a_rollout_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
         assert part.state.pool.tolist() == [1.0, 1.0, 1.0, 1.0]
 
 
-def test_a_conflict_is_an_error_line_naming_run_task_and_rollout(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    with Pipeline(tmp_path) as pipeline, caplog.at_level(logging.WARNING):
+def test_a_conflict_is_an_error_line_naming_run_task_and_rollout(tmp_path: Path) -> None:
+    """The engine returns the conflict; the transport logs it at ``log_level`` (the Kafka
+    processor's "dead letter from" line)."""
+    with Pipeline(tmp_path) as pipeline:
         pipeline.handle("rollout", _rollout(3, 2), "rollout-0", 0)
         pipeline.handle("rollout", _rollout(3, 2, reward=0.0), "rollout-0", 1)
-    [line] = [r for r in caplog.records if "conflict" in r.getMessage()]
-    assert line.levelno == logging.ERROR
-    assert "run 'r' task 3 rollout 2" in line.getMessage()
+    [conflict] = [r for r in pipeline.take_rejected() if r.reason == "conflict"]
+    assert log_level(conflict.reason) == logging.ERROR
+    assert "run 'r' task 3 rollout 2" in conflict.detail
+    assert conflict.offset == 1
 
 
 @pytest.mark.parametrize("batch", [False, True])
 def test_an_input_row_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
     tmp_path: Path, batch: bool
 ) -> None:
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path, rejected.append) as pipeline:
+    with Pipeline(tmp_path) as pipeline:
+        rejected = pipeline.rejected
         pipeline.metrics = metrics = _metrics(pipeline)
         first = [_input(0, 0, line=0), _input(0, 1, line=1)]
         again = [
@@ -154,9 +155,9 @@ def test_a_row_too_deep_to_write_back_is_rejected_even_when_its_key_was_seen(
 ) -> None:
     """Its digest cannot be taken (msgpack recurses no deeper than orjson writes): refused
     as invalid, as a row of a new key is, never a crash of the fold."""
-    rejected: list[Rejected] = []
     deep = _input(0, 0).replace(b'"question":"q"', b'"question":' + b"[" * 900 + b"]" * 900)
-    with Pipeline(tmp_path, rejected.append) as pipeline:
+    with Pipeline(tmp_path) as pipeline:
+        rejected = pipeline.rejected
         _apply(pipeline, "input", [[_input(0, 0)]], batch=False)
         _apply(pipeline, "input", [[deep]], batch=False)
     assert [r.reason for r in rejected] == ["invalid-event"]

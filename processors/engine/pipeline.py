@@ -1,9 +1,12 @@
 """The engine's decisions: decode, route to the run's part, know when a run can be finished.
 
 The Kafka processor (:mod:`rewardstream.processors.stream`) and the in-process transport both hand
-raw event bytes to :meth:`Pipeline.handle`, naming the unit (topic-partition) they came from and,
-from Kafka, the offset; everything after the bytes is shared, so the embedded default and the Kafka
-deployment write identical files. With several processors in one consumer group each pipeline
+raw event bytes to the pipeline (:meth:`Pipeline.apply` a slice, :meth:`Pipeline.handle` one),
+naming the unit (topic-partition) they came from and, from Kafka, the offsets; everything after
+the bytes is shared, so the embedded default and the Kafka deployment write identical files. The
+pipeline returns what the transport must act on, never calling back: the events it rejects
+(:attr:`Pipeline.rejected`, each with its offset) and the foreign rollouts to read again
+(:attr:`Pipeline.strays`). With several processors in one consumer group each pipeline
 owns some units; what the others hold is known from their member records
 (:meth:`Pipeline.set_remote`), and their parts travel as versioned bytes
 (:mod:`rewardstream.processors.engine.partwire`), never through a shared disk.
@@ -97,12 +100,15 @@ class Counters(Protocol):
 
 class Rejected(NamedTuple):
     """An event that could not be used: its kind, why (a fixed category, see
-    :data:`rewardstream.contract.events.REJECT_REASONS`), its original bytes, and the error text."""
+    :data:`rewardstream.contract.events.REJECT_REASONS`), its original bytes, the error text,
+    and its offset in the unit (or topic) it was handed from (None: given without one), by
+    which the transport names its dead letter."""
 
     kind: EventKind
     reason: RejectReason
     raw: bytes
     detail: str = ""
+    offset: int | None = None
 
 
 class SnapshotSource(NamedTuple):
@@ -148,6 +154,9 @@ class RemoteUnit(NamedTuple):
 class Pipeline:
     """All runs seen on the topics and the units this process owns (see the module docstring).
 
+    Rejected events are returned, not sent: they wait in :attr:`rejected` for the transport to
+    take (:meth:`take_rejected`) after each call, as foreign rollouts wait in :attr:`strays`.
+
     ``output_dir``: where the in-process transport writes final profiles; ``state_dir``: private
     scratch for the parts' spill files (default: ``output_dir``). ``max_event_bytes``: larger
     events are rejected unparsed (reason "oversized"); None: no limit. ``stall_after``: seconds
@@ -159,7 +168,6 @@ class Pipeline:
     def __init__(
         self,
         output_dir: Path,
-        on_reject: Callable[[Rejected], None] | None = None,
         metrics: Counters | None = None,
         max_event_bytes: int | None = None,
         state_dir: Path | None = None,
@@ -178,12 +186,8 @@ class Pipeline:
         self.remote: dict[str, RemoteUnit] = {}  # units owned elsewhere, as last heard
         self.leader = True  # finishes runs (the owner of rollout-0 in a group)
         self.strays: list[Stray] = []  # foreign rollouts for the transport to park
+        self.rejected: list[Rejected] = []  # events for the transport to park, in order
         self.metrics = metrics
-        self.on_reject = on_reject or (
-            lambda r: log.log(
-                log_level(r.reason), "rejected %s event (%s): %s", r.kind, r.reason, r.detail
-            )
-        )
 
     def close(self) -> None:
         for unit in self.units.values():
@@ -277,7 +281,7 @@ class Pipeline:
         limit = self.max_event_bytes
         if limit is not None and len(raw) > limit:
             detail = f"{len(raw)} bytes, above the {limit}-byte limit (--max-event-bytes)"
-            self._reject(kind, "oversized", raw, detail)
+            self._reject(kind, "oversized", raw, detail, offset)
             return None
         try:
             if kind == "input":
@@ -294,7 +298,7 @@ class Pipeline:
                     self._row_came(name, run_id, row_key(ev_in.row))
                 elif self.metrics and part.duplicates > before:
                     self.metrics.duplicate(kind)
-                self._conflicts(kind, run_id, part, [ev_in], [raw])
+                self._conflicts(kind, run_id, part, [ev_in], [raw], [offset])
             elif kind == "rollout":
                 ev_out = decode_rollout(raw)
                 run_id = ev_out.run_id
@@ -302,7 +306,8 @@ class Pipeline:
                 key = (ev_out.task, ev_out.rollout)
                 if self._after_final(run_id, kind, raw, name, offset, key):
                     return None
-                self._fold(name, {run_id: [ev_out]}, offset, ([ev_out], [raw]), one=True)
+                sent = ([ev_out], [raw], [offset])
+                self._fold(name, {run_id: [ev_out]}, offset, sent, one=True)
             else:
                 control = decode_control(raw)
                 run_id = control.run_id
@@ -311,13 +316,14 @@ class Pipeline:
                 elif isinstance(control, RunFinished):
                     if not self._announced(run_id):
                         detail = f"run_finished for run {run_id!r}, which never started"
-                        self._reject(kind, "unknown-run", raw, detail)
+                        self._reject(kind, "unknown-run", raw, detail, offset)
                         return None
                     self.run(run_id).finished = True
                 else:
                     self.run(run_id).attempt_failed(control)
         except (ValidationError, RewardstreamError, ValueError) as exc:
-            self._reject(kind, reject_reason(exc), raw, " ".join(str(exc).split())[:500])
+            detail = " ".join(str(exc).split())[:500]
+            self._reject(kind, reject_reason(exc), raw, detail, offset)
             return None
         run = self.run(run_id)
         since = self.units[unit].since if unit in self.units else self.started
@@ -329,13 +335,14 @@ class Pipeline:
         self,
         raws: Sequence[bytes],
         unit: str,
-        first: int | None = None,
+        offsets: Sequence[int] | None = None,
         timestamps: Sequence[int] | None = None,
     ) -> list[Run] | None:
         """Apply a batch of input events from ``unit`` as :meth:`handle_rollouts` applies
-        rollouts (with their Kafka ``timestamps``): decoded in one go, every row checked
-        (:func:`checked_row`) before any is applied; None, having applied nothing, when an
-        event needs :meth:`handle` (one to reject, or of a run that has its terminal record)."""
+        rollouts (at their ``offsets``, with their Kafka ``timestamps``): decoded in one go,
+        every row checked (:func:`checked_row`) before any is applied; None, having applied
+        nothing, when an event needs :meth:`handle` (one to reject, or of a run that has its
+        terminal record)."""
         if self._oversized(raws):
             return None
         events = decode_inputs(raws)
@@ -349,14 +356,16 @@ class Pipeline:
             return None
         parts: dict[str, Part] = {}
         duplicates = 0
-        for event, row, raw in zip(events, checked, raws, strict=True):
+        first = offsets[0] if offsets else None
+        for i, (event, row, raw) in enumerate(zip(events, checked, raws, strict=True)):
             part = parts.get(event.run_id)
             if part is None:
                 part = parts[event.run_id] = self._part(unit, event.run_id, first)
             if part.add_input(event, row):
                 self._row_came(unit, event.run_id, row.key)
             else:
-                duplicates += not self._conflicts("input", event.run_id, part, [event], [raw])
+                at = [None if offsets is None else offsets[i]]
+                duplicates += not self._conflicts("input", event.run_id, part, [event], [raw], at)
         if duplicates and self.metrics:
             self.metrics.duplicate("input", duplicates)
         runs = self._touched(parts, unit, _newest(events, timestamps))
@@ -411,19 +420,19 @@ class Pipeline:
                     f"matching materialized input row (the final's rows: tasks {span[0]}..{span[1]}"
                     f", rollouts {span[2]}..{span[3]} in {rows.name if rows else unit})"
                 )
-        self._reject(kind, reason, raw, detail)
+        self._reject(kind, reason, raw, detail, offset)
         return True
 
     def handle_rollouts(
         self,
         raws: Sequence[bytes],
         unit: str,
-        first: int | None = None,
+        offsets: Sequence[int] | None = None,
         timestamps: Sequence[int] | None = None,
     ) -> list[Run] | None:
-        """Apply a batch of rollout events from ``unit`` (the first at offset ``first``; a part
-        starts at the batch's first offset, which a replay start may take; Kafka ``timestamps``
-        as :meth:`handle`'s), in order: the Kafka processor's hot path (about half the cost per
+        """Apply a batch of rollout events from ``unit`` (at their ``offsets``; a part starts at
+        the batch's first offset, which a replay start may take; Kafka ``timestamps`` as
+        :meth:`handle`'s), in order: the Kafka processor's hot path (about half the cost per
         event of :meth:`handle`). Returns the runs
         touched, or None, having applied nothing, when any event needs :meth:`handle`'s
         one-by-one path (one that is rejected, or whose ``info`` is not written as orjson
@@ -437,8 +446,30 @@ class Pipeline:
         by_run = _by_run(events)
         if self._any_terminal(by_run) or not self._rows_here(unit, by_run):
             return None
-        runs = self._fold(unit, by_run, first, (events, raws))
+        first = offsets[0] if offsets else None
+        sent = (events, raws, [None] * len(raws) if offsets is None else offsets)
+        runs = self._fold(unit, by_run, first, sent)
         return self._touched(runs, unit, _newest(events, timestamps))
+
+    def apply(
+        self,
+        kind: EventKind,
+        raws: Sequence[bytes],
+        unit: str,
+        offsets: Sequence[int],
+        timestamps: Sequence[int] | None = None,
+    ) -> None:
+        """Apply a slice of data events from ``unit`` at ``offsets`` (with their Kafka
+        ``timestamps``): in one batch (:meth:`handle_rollouts`, :meth:`handle_inputs`) when the
+        batch path takes all of them, else one by one (:meth:`handle`), which rejects, holds or
+        rewrites what the batch path hands over. Either way the rejected wait in
+        :attr:`rejected`, each with its offset."""
+        batch = self.handle_rollouts if kind == "rollout" else self.handle_inputs
+        if batch(raws, unit, offsets, timestamps) is not None:
+            return
+        stamps: Sequence[int | None] = timestamps or [None] * len(raws)
+        for raw, offset, stamp in zip(raws, offsets, stamps, strict=True):
+            self.handle(kind, raw, unit, offset, stamp)
 
     def _rows_here(self, unit: str, by_run: dict[str, list[Rollout]]) -> bool:
         """Every rollout's materialized row is in the input part of its run and partition."""
@@ -459,7 +490,7 @@ class Pipeline:
     def judge(self, run: Run, final: bool = False) -> None:
         """Park the run's rollouts held here whose key is no materialized row's, now that every
         row is known (:attr:`Run.rows_known`) or the run's final is written (``final``): their
-        bytes go to ``on_reject`` (``unknown-key``), or, when they came from a topic, their
+        bytes go to :attr:`rejected` (``unknown-key``), or, when they came from a topic, their
         offsets to :attr:`strays` for the transport to read them again (a held rollout keeps
         its offset only); one parked before (:attr:`Unit.parked`) is not parked again.
         Undecided (kept, uncounted) while some row may still come, and for a unit whose input
@@ -479,7 +510,7 @@ class Pipeline:
                     f"matching materialized input row ({known} {run.inputs} rows have come)"
                 )
                 if isinstance(at, bytes):
-                    self._reject("rollout", "unknown-key", at, detail)
+                    self._reject("rollout", "unknown-key", at, detail, None)
                 elif at in unit.parked:
                     log.info("%s (parked before, at %s offset %d)", detail, name, at)
                 else:
@@ -488,7 +519,7 @@ class Pipeline:
 
     def reject_stray(self, stray: Stray, raw: bytes) -> None:
         """Park a foreign rollout (see :meth:`judge`) with its bytes read again."""
-        self._reject("rollout", "unknown-key", raw, stray.detail)
+        self._reject("rollout", "unknown-key", raw, stray.detail, stray.offset)
 
     def _oversized(self, raws: Sequence[bytes]) -> bool:
         """A batch holds an event over ``max_event_bytes`` (:meth:`handle` rejects it)."""
@@ -529,12 +560,12 @@ class Pipeline:
         unit: str,
         by_run: dict[str, list[Rollout]],
         first: int | None,
-        sent: tuple[Sequence[Rollout], Sequence[bytes]],
+        sent: tuple[Sequence[Rollout], Sequence[bytes], Sequence[int | None]],
         one: bool = False,
     ) -> list[str]:
         """Add decoded rollouts, by run, to their runs' parts (dropping those seen before); the
-        runs' ids. ``sent``: the events as they came, and their bytes (for a conflict's dead
-        letter); ``one``: a single event (at offset ``first``) whose row may not be here: held
+        runs' ids. ``sent``: the events as they came, their bytes and offsets (for a conflict's
+        dead letter); ``one``: a single event (at offset ``first``) whose row may not be here: held
         unmatched (its offset, or its bytes when it has none)."""
         for run_id, mine in by_run.items():
             part = self._part(unit, run_id, first)
@@ -548,9 +579,9 @@ class Pipeline:
                 if part.duplicates > before:
                     self.metrics.duplicate("rollout", part.duplicates - before)
             if part.clashes:
-                raw_of = {id(event): raw for event, raw in zip(*sent, strict=True)}
-                raws = [raw_of[id(event)] for event in mine]
-                self._conflicts("rollout", run_id, part, mine, raws)
+                came = {id(event): (raw, at) for event, raw, at in zip(*sent, strict=True)}
+                raws = [came[id(event)][0] for event in mine]
+                self._conflicts("rollout", run_id, part, mine, raws, [came[id(e)][1] for e in mine])
         return list(by_run)
 
     def _conflicts(
@@ -560,9 +591,11 @@ class Pipeline:
         part: Part,
         events: Sequence[Input | Rollout],
         raws: Sequence[bytes],
+        offsets: Sequence[int | None],
     ) -> int:
         """Reject (``conflict``) the events the part's last call found with a folded key and
-        other content (:attr:`Part.clashes`); returns how many."""
+        other content (:attr:`Part.clashes`), ``raws`` and ``offsets`` theirs; returns how
+        many."""
         clashes, part.clashes = part.clashes, []
         for at in clashes:
             event = events[at]
@@ -574,7 +607,7 @@ class Pipeline:
                 "one already folded, with other content; the first stands (a new collection "
                 "needs its own run id: publish it with a new --run-id)"
             )
-            self._reject(kind, "conflict", raws[at], detail)
+            self._reject(kind, "conflict", raws[at], detail, offsets[at])
         return len(clashes)
 
     def _announced(self, run_id: str) -> bool:
@@ -583,10 +616,18 @@ class Pipeline:
         run = self.runs.get(run_id)
         return run is not None and (run.started is not None or run.terminal is not None)
 
-    def _reject(self, kind: EventKind, reason: RejectReason, raw: bytes, detail: str) -> None:
+    def _reject(
+        self, kind: EventKind, reason: RejectReason, raw: bytes, detail: str, offset: int | None
+    ) -> None:
         if self.metrics:
             self.metrics.reject(kind, reason)
-        self.on_reject(Rejected(kind, reason, raw, detail))
+        self.rejected.append(Rejected(kind, reason, raw, detail, offset))
+
+    def take_rejected(self) -> list[Rejected]:
+        """The events rejected since the last call, in order, for the transport to park (the
+        Kafka processor) or to refuse (in process); each names its offset."""
+        rejected, self.rejected = self.rejected, []
+        return rejected
 
     def _part(self, unit_name: str, run_id: str, offset: int | None) -> Part:
         unit = self.unit(unit_name)  # the transport moves its position
@@ -639,11 +680,11 @@ class Pipeline:
             part.retire(tasks.get(name, terminal.units.get(name, _NO_COUNTS).tasks))
         return late
 
-    def reject_late(self, kind: EventKind, raw: bytes, run_id: str) -> None:
-        """Reject an event of a finished run that a unit had folded before it heard of the
-        run's final record (see :meth:`mark_final`)."""
+    def reject_late(self, kind: EventKind, raw: bytes, run_id: str, offset: int) -> None:
+        """Reject an event of a finished run that a unit had folded (at ``offset``) before it
+        heard of the run's final record (see :meth:`mark_final`)."""
         detail = f"run {run_id!r} has its final profile; this event came after it"
-        self._reject(kind, "run-final", raw, detail)
+        self._reject(kind, "run-final", raw, detail, offset)
 
     def idle_runs(self, after: float) -> list[Run]:
         """Open runs this process has read no event of for ``after`` seconds (by its own
