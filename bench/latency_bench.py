@@ -60,7 +60,7 @@ async def run(bootstrap: str, rate: int, seconds: float, work: Path) -> None:
     processor = StreamProcessor(bootstrap, work, topics)
     stop = asyncio.Event()
     consumer = asyncio.create_task(processor.run(stop))
-    while processor.assigned_at is None:
+    while processor.consume.assigned_at is None:
         await asyncio.sleep(0.01)
     sent, start, tick = 0, time.perf_counter(), 0.01
     try:

@@ -140,9 +140,9 @@ async def run_until(processor: StreamProcessor, done: Callable[[Run], bool]) -> 
     other jobs on the machine)."""
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
-    while processor.assigned_at is None:
+    while processor.consume.assigned_at is None:
         await asyncio.sleep(0.001)
-    first, cpu = processor.assigned_at, time.process_time()
+    first, cpu = processor.consume.assigned_at, time.process_time()
     runs = processor.pipeline.runs
     while not ("run" in runs and done(runs["run"])):
         await asyncio.sleep(0.002)
@@ -188,9 +188,9 @@ async def measure(
     processor = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
-    while processor.assigned_at is None:
+    while processor.consume.assigned_at is None:
         await asyncio.sleep(0.001)
-    data = processor._data
+    data = processor.units.consumer
     assert data is not None
     held = [tp for tp in data.assignment() if tp.topic == topics.rollouts]
     data.pause(*held)

@@ -203,7 +203,7 @@ def test_members_starting_together_claim_one_output_dir(tmp_path: Path) -> None:
                 try:
                     member = StreamProcessor("127.0.0.1:9", out, state_dir=tmp_path / "s")
                     os.read(go, 1)  # all at once
-                    member._claim_output_dir()
+                    member.finals.claim_output_dir()
                     code = 0
                 finally:
                     os._exit(code)

@@ -434,9 +434,9 @@ def test_a_dead_letter_parked_again_after_kill_9_is_the_same_source(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A processor SIGKILLed right after a foreign rollout's dead letter is acknowledged and
-    before the commit that keeps its offset (the test hook of ``_park_strays``): its successor
-    parks it again, a copy with the same key and ``source``, which the chaos checker's count
-    (each source once) counts once; the run ends with the batch files."""
+    before the commit that keeps its offset (the test hook of ``DeadLetters.park_strays``): its
+    successor parks it again, a copy with the same key and ``source``, which the chaos checker's
+    count (each source once) counts once; the run ends with the batch files."""
     from bench.chaos import _reasons
     from rewardstream.processors.stream import KILL_AFTER_PARK
 
