@@ -28,7 +28,7 @@ job, as quix-streams' ``Application`` delegates to its managers (imports run dow
 - ``eviction``: the leader's eviction of runs idle for ``--evict-after``, on its timer;
 - ``finals``: terminal records read and written (the transaction, fencing), the final files;
 - ``commits``: committed offsets, their metadata (position, parked ranges), the checkpoints;
-- ``dead_letters``: rejected events parked (the dead-letter producer), strays and late events
+- ``dead_letters``: rejected events parked (with the processor's producer), strays and late events
   read again;
 - ``peers``: parts fetched from the other members over HTTP;
 - ``membership``: this member's record, the group's records, each unit's owner;
