@@ -126,6 +126,27 @@ def test_a_conflict_is_an_error_line_naming_run_task_and_rollout(tmp_path: Path)
     assert conflict.offset == 1
 
 
+def test_every_reject_names_its_own_offset_on_either_path(tmp_path: Path) -> None:
+    """The transport names a dead letter ``topic:partition:offset`` from the offset the engine
+    returns with it: a slice the batch path folds whole (conflicts) and one it hands to the
+    one-by-one path (a bad event among them) name the same offsets, gaps in the log included
+    (a transactional producer's markers take offsets)."""
+    rows = [_input(t, 0, line=t) for t in range(4)]
+    first = [_rollout(t, 0) for t in range(4)]
+    again = [_rollout(0, 0, reward=0.0), _rollout(1, 0), _rollout(2, 0, reward=0.5)]
+    for odd, want in (([], [11, 17]), ([b"not json"], [11, 14, 17])):
+        with Pipeline(tmp_path / str(len(odd))) as pipeline:
+            pipeline.apply("input", rows, "input-0", [0, 2, 3, 7])
+            pipeline.apply("rollout", first, "rollout-0", [0, 1, 5, 6])
+            assert pipeline.take_rejected() == []
+            offsets = [11, 12, 14, 17] if odd else [11, 12, 17]
+            pipeline.apply("rollout", [again[0], again[1], *odd, again[2]], "rollout-0", offsets)
+            rejected = pipeline.take_rejected()
+            assert [r.offset for r in rejected] == want
+            assert pipeline.rejected == []  # taken once
+            assert pipeline.runs["r"].conflicts == 2
+
+
 @pytest.mark.parametrize("batch", [False, True])
 def test_an_input_row_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
     tmp_path: Path, batch: bool
