@@ -11,12 +11,14 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
 from aiohttp import web
+from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rewardstream.commands.cli import ng_reward_profile
@@ -37,6 +39,7 @@ from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.engine.pipeline import Pipeline, log_level
 from rewardstream.processors.engine.runs import Part
+from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.gym.collect import CollectConfig, collect
 from rewardstream.producers.publisher.live import KafkaSink
 from rewardstream.sinks.metrics import Metrics
@@ -145,6 +148,39 @@ def test_every_reject_names_its_own_offset_on_either_path(tmp_path: Path) -> Non
             assert [r.offset for r in rejected] == want
             assert pipeline.rejected == []  # taken once
             assert pipeline.runs["r"].conflicts == 2
+
+
+async def test_the_processor_names_each_dead_letter_by_its_own_record(tmp_path: Path) -> None:
+    """The Kafka processor hands a slice to the engine and names each reject it gets back
+    ``topic:partition:offset``: the conflict and the bad event of one slice, each its own (no
+    broker: the records are made here, as the consumer would give them)."""
+    processor = StreamProcessor("127.0.0.1:1", None, state_dir=tmp_path)
+    topics, now = processor.topics, int(time.time() * 1000)
+
+    def records(topic: str, values: list[bytes], offsets: list[int]) -> list[ConsumerRecord]:
+        return [
+            ConsumerRecord(topic, 3, at, now, 0, None, value, None, 0, len(value), ())
+            for value, at in zip(values, offsets, strict=True)
+        ]
+
+    try:
+        for name in ("input-3", "rollout-3"):
+            processor.pipeline.unit(name)  # assigned
+        rows = [_input(t, 0, line=t) for t in range(2)]
+        outs = [_rollout(0, 0), _rollout(0, 0, reward=0.0), b"{bad", _rollout(1, 0)]
+        apply = processor.consume._apply
+        await apply(TopicPartition(topics.inputs, 3), records(topics.inputs, rows, [0, 1]), 0)
+        await apply(
+            TopicPartition(topics.rollouts, 3), records(topics.rollouts, outs, [4, 9, 10, 12]), 0
+        )
+        named = [(source, r.reason) for r, source in processor.dead_letters.rejected]
+        assert named == [
+            (f"{topics.rollouts}:3:9", "conflict"),
+            (f"{topics.rollouts}:3:10", "not-json"),
+        ]
+        assert processor.pipeline.units["rollout-3"].position == 13
+    finally:
+        processor.pipeline.close()
 
 
 @pytest.mark.parametrize("batch", [False, True])
