@@ -80,7 +80,7 @@ __all__ = [
 
 KAFKA_VERSION = "4.3.1"
 HOST = "127.0.0.1"
-POM = Path(__file__).parents[1] / "kafka-local" / "pom.xml"  # shipped as package data
+POM = Path(__file__).parents[2] / "kafka-local" / "pom.xml"  # shipped as package data
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 WORKDIR_PREFIX = "rewardstream-kafka-"
@@ -1320,7 +1320,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
