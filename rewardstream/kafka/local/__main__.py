@@ -3,6 +3,6 @@
 
 import sys
 
-from rewardstream.kafka.local import main
+from rewardstream.kafka.local.cli import main
 
 sys.exit(main())
