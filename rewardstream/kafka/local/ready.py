@@ -1,7 +1,7 @@
-"""When a broker or cluster is ready for clients: a Metadata round trip that lists every broker,
-from the cluster we started, watched alongside the JVM so a dead one is reported at once, and
-a cluster's coordinator topics made before any test needs them (docs/kafka-local.md
-§Readiness)."""
+"""When a broker or cluster is ready for clients (docs/kafka-local.md §Readiness): a Metadata
+round trip that lists every broker, from the cluster we started, watched alongside the JVM so
+a dead one is reported at once, and a cluster's coordinator topics made before any test needs
+them."""
 
 from __future__ import annotations
 
