@@ -67,7 +67,7 @@ from rewardstream.contract.events import (
     checked,
     encode,
 )
-from rewardstream.contract.names import ProfilePaths, check_topic_prefix
+from rewardstream.contract.names import DEFAULT_TOPIC_PREFIX, ProfilePaths, check_topic_prefix
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.gym_servers.base import server_specs
 from rewardstream.gym_servers.client import JsonClient
@@ -155,7 +155,7 @@ class CollectConfig(MaterializeOptions, Servers):
     request_timeout_s: float = Field(default=3600.0, gt=0)
     retry_backoff_s: float = Field(default=0.5, ge=0)
     kafka_bootstrap_servers: Annotated[str, AfterValidator(normalize_bootstrap)] | None = None
-    kafka_topic_prefix: Annotated[str, AfterValidator(check_topic_prefix)] = "rewardstream"
+    kafka_topic_prefix: Annotated[str, AfterValidator(check_topic_prefix)] = DEFAULT_TOPIC_PREFIX
     kafka_run_id: str | None = None
     kafka_group_id: str | None = None
     kafka_wait_profile: bool = False

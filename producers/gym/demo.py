@@ -30,6 +30,7 @@ import orjson
 from aiokafka.errors import KafkaError
 
 from rewardstream.contract.events import Topics
+from rewardstream.contract.names import DEFAULT_TOPIC_PREFIX
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.math_env import DATASET
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG, ServerGroup, load_config
@@ -137,7 +138,7 @@ async def _demo(
 def run_demo(
     output_dir: Path,
     bootstrap: str | None = None,
-    topic_prefix: str = "rewardstream",
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX,
     repeats: int = 4,
     parallel: int = 32,
     limit: int | None = None,

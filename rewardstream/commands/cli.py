@@ -456,9 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_profile)
     st = sub.add_parser("stream", help="run the Kafka stream processor")
-    st.add_argument(
-        "--bootstrap", required=True, type=kafka_options.bootstrap_arg, help=BOOTSTRAP_HELP
-    )
+    kafka_options.add_option(st, "--bootstrap", BOOTSTRAP_HELP, required=True)
     st.add_argument(
         "--output-dir",
         help="also write each final profile this processor writes to DIR/<run_id>/ (they are "
@@ -481,13 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the http(s)://HOST:PORT (or HOST:PORT) peers reach this processor at (default: "
         "the --http address)",
     )
-    st.add_argument(
-        "--topic-prefix",
-        type=kafka_options.topic_prefix_arg,
-        default="rewardstream",
-        help="topics <prefix>.inputs, ... (rewardstream)",
-    )
-    st.add_argument("--group-id", default=None, help="consumer group (default <prefix>-profiler)")
+    kafka_options.add_option(st, "--topic-prefix", "topics <prefix>.inputs, ... (rewardstream)")
+    kafka_options.add_option(st, "--group-id", "consumer group (default <prefix>-profiler)")
     st.add_argument(
         "--checkpoint-every",
         type=_seconds,
@@ -583,17 +576,8 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="start the bundled servers, collect the bundled dataset, profile it live"
     )
     dm.add_argument("--output-dir", default="demo-output", help="default ./demo-output")
-    dm.add_argument(
-        "--bootstrap",
-        type=kafka_options.bootstrap_arg,
-        help=f"go through Kafka: {BOOTSTRAP_HELP}",
-    )
-    dm.add_argument(
-        "--topic-prefix",
-        type=kafka_options.topic_prefix_arg,
-        default="rewardstream",
-        help="with --bootstrap: topics <prefix>.*",
-    )
+    kafka_options.add_option(dm, "--bootstrap", f"go through Kafka: {BOOTSTRAP_HELP}")
+    kafka_options.add_option(dm, "--topic-prefix", "with --bootstrap: topics <prefix>.*")
     dm.add_argument("--repeats", type=_positive_int, default=4, help="rollouts per task (4)")
     dm.add_argument("--parallel", type=_positive_int, default=32, help="rollouts in flight (32)")
     dm.add_argument("--limit", type=_positive_int, default=None, help="only the first N tasks")
@@ -602,27 +586,18 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profiles", help="final profiles kept in Kafka: list them, get one")
     psub = pr.add_subparsers(dest="profiles_command", required=True)
     get = psub.add_parser("get", help="wait for a run's final profile and write its files")
-    get.add_argument(
-        "--bootstrap", required=True, type=kafka_options.bootstrap_arg, help=BOOTSTRAP_HELP
-    )
+    kafka_options.add_option(get, "--bootstrap", BOOTSTRAP_HELP, required=True)
     get.add_argument("--run-id", required=True, help="the run (see 'profiles list')")
     get.add_argument("--out", required=True, help="folder for the three profile files")
     get.add_argument(
         "--timeout", type=_wait_seconds, default=0.0, metavar="S", help="wait up to S s (0)"
     )
     lst = psub.add_parser("list", help="the runs with a final (or evicted) record")
-    lst.add_argument(
-        "--bootstrap", required=True, type=kafka_options.bootstrap_arg, help=BOOTSTRAP_HELP
-    )
+    kafka_options.add_option(lst, "--bootstrap", BOOTSTRAP_HELP, required=True)
     for p in (get, lst):
-        p.add_argument(
-            "--topic-prefix",
-            type=kafka_options.topic_prefix_arg,
-            default="rewardstream",
-            help="topics <prefix>.*",
-        )
-        p.add_argument(
-            "--group-id", default=None, help="the processors' group (default <prefix>-profiler)"
+        kafka_options.add_option(p, "--topic-prefix", "topics <prefix>.*")
+        kafka_options.add_option(
+            p, "--group-id", "the processors' group (default <prefix>-profiler)"
         )
         kafka_options.add_arguments(p)
     get.set_defaults(func=_cmd_profiles_get)
@@ -649,10 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a *_reward_profiling.jsonl (final or snapshot), or the folder holding one",
     )
     cu.add_argument("--url", type=_http_url, help="or: snapshot the run from this processor")
-    cu.add_argument(
-        "--bootstrap",
-        type=kafka_options.bootstrap_arg,
-        help=f"or: the run's final profile from Kafka: {BOOTSTRAP_HELP}",
+    kafka_options.add_option(
+        cu, "--bootstrap", f"or: the run's final profile from Kafka: {BOOTSTRAP_HELP}"
     )
     cu.add_argument("--run-id", help="with --url or --bootstrap: the run")
     cu.add_argument("--out", required=True, help="the JSONL file of curated task rows")
@@ -666,13 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
     cu.add_argument(
         "--min-std", type=float, metavar="S", help="keep tasks whose reward std is above S"
     )
-    cu.add_argument(
-        "--topic-prefix",
-        type=kafka_options.topic_prefix_arg,
-        default="rewardstream",
-        help="with --bootstrap: topics",
-    )
-    cu.add_argument("--group-id", default=None, help="with --bootstrap: the processors' group")
+    kafka_options.add_option(cu, "--topic-prefix", "with --bootstrap: topics")
+    kafka_options.add_option(cu, "--group-id", "with --bootstrap: the processors' group")
     cu.add_argument(
         "--timeout",
         type=_wait_seconds,

@@ -32,12 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--inputs", required=True, type=Path, help="the *_materialized_inputs.jsonl")
     p.add_argument("--rollouts", required=True, type=Path, help="the rollouts .jsonl file")
-    p.add_argument(
-        "--bootstrap",
-        required=True,
-        type=kafka_options.bootstrap_arg,
-        help=kafka_options.BOOTSTRAP_HELP,
-    )
+    kafka_options.add_option(p, "--bootstrap", kafka_options.BOOTSTRAP_HELP, required=True)
     p.add_argument(
         "--run-id",
         help="default: <rollouts stem>-<8 hex> naming this collection (from the inputs file's "
@@ -45,11 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "for a new collection written to the same path; a run that has a final profile is "
         "sent nothing, and refused unless it is these files' profile",
     )
-    p.add_argument(
+    kafka_options.add_option(
+        p,
         "--topic-prefix",
-        type=kafka_options.topic_prefix_arg,
-        default="rewardstream",
-        help="topics <prefix>.inputs, <prefix>.rollouts, <prefix>.control (rewardstream)",
+        "topics <prefix>.inputs, <prefix>.rollouts, <prefix>.control (rewardstream)",
     )
     p.add_argument(
         "--follow",
@@ -85,8 +79,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="S",
         help="with --wait-profile: give up after S seconds (600)",
     )
-    p.add_argument(
-        "--group-id", help="with --wait-profile: the processors' group (default <prefix>-profiler)"
+    kafka_options.add_option(
+        p, "--group-id", "with --wait-profile: the processors' group (default <prefix>-profiler)"
     )
     p.add_argument(
         "--aggregate-metrics",

@@ -37,6 +37,7 @@ import xxhash
 from msgspec import Meta, Raw, Struct
 
 from rewardstream.contract.names import (
+    DEFAULT_TOPIC_PREFIX,
     MAX_NAME_BYTES,
     RUN_ID,
     STEM,
@@ -99,7 +100,7 @@ class Topics(NamedTuple):
     dead_letters: str
 
     @classmethod
-    def for_prefix(cls, prefix: str = "rewardstream") -> Topics:
+    def for_prefix(cls, prefix: str = DEFAULT_TOPIC_PREFIX) -> Topics:
         """The topics of ``prefix``; an invalid prefix is an :class:`InputError`."""
         try:
             check_topic_prefix(prefix)

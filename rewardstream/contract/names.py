@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 __all__ = [
+    "DEFAULT_TOPIC_PREFIX",
     "MAX_NAME_BYTES",
     "RUN_ID",
     "STEM",
@@ -26,6 +27,7 @@ __all__ = [
 RUN_ID = r"^\w[\w.-]*$"  # a path component of the output folder: no separators, no leading dot
 STEM = r"^[\w.-]+$"  # the rollouts file's stem: a file name once a suffix is appended
 MAX_NAME_BYTES = 200  # run ids and stems name folders and files: far below NAME_MAX (255 bytes)
+DEFAULT_TOPIC_PREFIX = "rewardstream"  # topics rewardstream.inputs, ... unless told otherwise
 
 
 _TOPIC_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,200}")

@@ -1,5 +1,6 @@
-"""The ``--kafka-*`` command-line options of :mod:`rewardstream.kafka.config`, and how a
-bootstrap server list is read.
+"""The command-line options every Kafka command shares: ``--bootstrap``, ``--topic-prefix`` and
+``--group-id`` (:func:`add_option`), the ``--kafka-*`` options of :mod:`rewardstream.kafka.config`
+(:func:`add_arguments`), and how a bootstrap server list is read.
 
 Apart from it because building a command's parser must not import aiokafka and pydantic: every
 ``rewardstream`` command builds every parser, and start-up counts (``rewardstream snapshot``).
@@ -10,15 +11,18 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import re
+from typing import Any, Final, Literal
 
-from rewardstream.contract.names import check_topic_prefix
+from rewardstream.contract.names import DEFAULT_TOPIC_PREFIX, check_topic_prefix
 
 __all__ = [
     "BOOTSTRAP_HELP",
     "DEFAULT_PORT",
     "ENV_PREFIX",
     "OPTIONS",
+    "KafkaFlag",
     "add_arguments",
+    "add_option",
     "bootstrap_arg",
     "normalize_bootstrap",
     "topic_prefix_arg",
@@ -91,6 +95,23 @@ def topic_prefix_arg(text: str) -> str:
         return check_topic_prefix(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+KafkaFlag = Literal["--bootstrap", "--topic-prefix", "--group-id"]
+_DECLARED: Final[dict[str, dict[str, Any]]] = {
+    "--bootstrap": {"type": bootstrap_arg},
+    "--topic-prefix": {"type": topic_prefix_arg, "default": DEFAULT_TOPIC_PREFIX},
+    "--group-id": {"default": None},  # the readers and the processor take <prefix>-profiler
+}
+
+
+def add_option(
+    parser: argparse.ArgumentParser, flag: KafkaFlag, help: str, *, required: bool = False
+) -> None:
+    """Declare ``flag`` on a command with the one type and default every command gives it, so
+    a bootstrap list or a topic prefix is read and checked alike everywhere. ``help`` is the
+    command's own: what the option means there (``with --bootstrap: ...``)."""
+    parser.add_argument(flag, required=required, help=help, **_DECLARED[flag])
 
 
 def _is_ipv6(text: str) -> bool:
