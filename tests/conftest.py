@@ -16,6 +16,12 @@ from tests.processes import Processor
 
 pytest_plugins = ["tests.nemo"]  # the nemo_python fixture
 
+# The tests send SIGINT to the commands they start, as a terminal's Ctrl-C would. A background
+# job of a non-interactive shell (`make test &` in a script, nohup) starts with SIGINT ignored,
+# and every child it execs inherits that: the commands would never see the signal. A Python
+# handler here makes the children start with the default disposition instead.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:

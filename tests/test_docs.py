@@ -21,11 +21,13 @@ _MERMAID = re.compile(r"```mermaid\n(.*?)```", re.S)
 
 
 def _tracked(*patterns: str) -> list[Path]:
-    """The repository's files (as git tracks them) matching ``patterns``."""
+    """The repository's files (as git tracks them) matching ``patterns``, but this one (its
+    planted faults)."""
     names = subprocess.run(
         ["git", "ls-files", "-z", *patterns], cwd=ROOT, capture_output=True, check=True
     ).stdout.decode()
-    return [ROOT / n for n in names.split("\0") if n and (ROOT / n).is_file()]
+    files = [ROOT / n for n in names.split("\0") if n and (ROOT / n).is_file()]
+    return [f for f in files if f != Path(__file__).resolve()]
 
 
 def headings(page: str) -> list[str]:
@@ -102,7 +104,7 @@ def test_nothing_points_outside_the_repository() -> None:
     found = [
         f"{f.relative_to(ROOT)}:{n}"
         for f in _tracked()
-        if f.suffix not in (".png", ".jsonl", ".json") and f != Path(__file__).resolve()
+        if f.suffix not in (".png", ".jsonl", ".json")
         for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
         if _OUTSIDE.search(line)
     ]

@@ -383,6 +383,44 @@ def test_a_snapshot_holds_the_rollouts_of_rows_come_and_never_a_foreign_one(
     assert_batch_files(tmp_path / "snap2", tmp_path / "batch2", "r")
 
 
+def test_a_stale_copy_of_a_unit_never_parks_the_rollouts_its_final_holds(tmp_path: Path) -> None:
+    """A member paused while its units moved (a zombie), or one whose rollouts' rows are on
+    another partition, holds rollouts waiting for rows that came elsewhere. When it reads the
+    final, the final's own count of the unit's rollouts is above what it matched: those are
+    the final's, and it parks none of them as ``unknown-key`` (a zombie trial parked 848 real
+    rollouts so, each counted in the final and dead-lettered). The unit's owner at the final,
+    whose count is the final's, still parks a foreign one."""
+    events, _ = collection(tmp_path / "data")
+    rows = [e for e in events if e[0] == "input"]
+    started = [e for e in events if e[0] == "control"]
+    rollouts = [e for e in events if e[0] == "rollout"]
+    odd = foreign(events, "rollout")
+    with Pipeline(tmp_path / "owner") as owner:  # every row and rollout: it writes the final
+        for kind, raw in [*started, *rows, *rollouts]:
+            run = owner.handle(kind, raw, unit_of(kind, raw))
+            if run is not None:
+                finish(owner, run)
+        terminal = owner.runs["run"].terminal
+    assert terminal is not None
+    # the rows of input-1 but task 1's came after the zombie stopped, to the unit's new owner
+    half = [e for e in rows if unit_of(*e) == "input-0" or b'"_ng_task_index":1,' in e[1]]
+    with Pipeline(tmp_path / "zombie") as zombie:
+        rejected = zombie.rejected
+        for kind, raw in [*started, *half, *rollouts]:
+            zombie.handle(kind, raw, unit_of(kind, raw))
+        held = zombie.runs["run"].parts["rollout-1"].unmatched
+        assert len(held) == 2 * REPEATS  # tasks 3 and 5: waiting for rows that came elsewhere
+        zombie.mark_final("run", terminal)
+    assert rejected == [] and zombie.strays == []
+    # the owner of a unit at the final parks a foreign rollout
+    with Pipeline(tmp_path / "foreign") as alone:
+        parked = alone.rejected
+        for kind, raw in [*started, *rows, *rollouts, ("rollout", odd)]:
+            alone.handle(kind, raw, unit_of(kind, raw))
+        alone.mark_final("run", terminal)
+    assert [r.reason for r in parked] == ["unknown-key"] and parked[0].raw == odd
+
+
 def test_a_late_rollout_after_the_final_says_what_is_known_of_its_key(tmp_path: Path) -> None:
     """After the final, a rollout is ``unknown-key`` only where that is proved (its key outside
     the final's rows' ranges); otherwise it is ``run-final`` (true whatever its key), and its

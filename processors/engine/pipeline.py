@@ -487,18 +487,32 @@ class Pipeline:
         if part is not None and part.unmatched:
             part.row_came(key)
 
-    def judge(self, run: Run, final: bool = False) -> None:
+    def judge(self, run: Run, final: Done | None = None) -> None:
         """Park the run's rollouts held here whose key is no materialized row's, now that every
-        row is known (:attr:`Run.rows_known`) or the run's final is written (``final``): their
+        row is known (:attr:`Run.rows_known`) or the run's ``final`` is written: their
         bytes go to :attr:`rejected` (``unknown-key``), or, when they came from a topic, their
         offsets to :attr:`strays` for the transport to read them again (a held rollout keeps
         its offset only); one parked before (:attr:`Unit.parked`) is not parked again.
         Undecided (kept, uncounted) while some row may still come, and for a unit whose input
-        partition is not owned here (the topics must have as many partitions)."""
-        if run.terminal is not None or not (final or run.rows_known):
+        partition is not owned here (the topics must have as many partitions).
+
+        A part whose unit the final counts more matched rollouts of than it does is not the
+        final's copy of the unit (a member paused while the unit moved, or rows on another
+        partition): its held rollouts had their rows where the final was made, and are the
+        final's; none is parked here."""
+        if run.terminal is not None or (final is None and not run.rows_known):
             return
         for name, part in run.parts.items():
             if not part.unmatched or _rows_unit(name) not in self.units:
+                continue
+            if final is not None and final.units.get(name, _NO_COUNTS).rollouts > part.rollouts:
+                log.info(
+                    "run %s: the final holds more rollouts of %s than this processor matched; "
+                    "its %d held here are the final's",
+                    run.run_id,
+                    name,
+                    len(part.unmatched),
+                )
                 continue
             unit, held = self.units[name], part.unmatched
             part.unmatched = {}
@@ -665,7 +679,7 @@ class Pipeline:
         if run.terminal is not None:
             return []
         if not terminal.evicted:  # a rollout its final left out has no row: park it
-            self.judge(run, final=True)
+            self.judge(run, terminal)
         run.terminal = terminal
         late = []
         for name, part in run.parts.items():
