@@ -120,14 +120,13 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from bench.generate import generate
-from rewardstream.batch import ProfileConfig, run_profile
-from rewardstream.contract import Topics, task_key
-from rewardstream.engine_contract import EngineTopics, FinalRecord
-from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.kafka_local import LocalBroker, LocalCluster
-from rewardstream.processors.pipeline import EventKind
+from rewardstream.contract.engine import EngineTopics, FinalRecord
+from rewardstream.contract.events import EventKind, Topics, task_key
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.kafka.local import LocalBroker, LocalCluster
+from rewardstream.processors.batch import ProfileConfig, run_profile
 from rewardstream.producers.events import rollout_events
-from rewardstream.sinks.profiles import ensure_topics, list_finals, read_finals, read_to_end
+from rewardstream.sinks.topics.profiles import ensure_topics, list_finals, read_finals, read_to_end
 from tests.golden import OUTPUT_SUFFIXES, file_events
 from tests.processes import Processor, make_topics, read_topic, send_events
 
@@ -166,7 +165,7 @@ CLIENT_SLACK_S = 2.0
 HEALTHZ_BOUND_S = 2.0  # and /healthz within this, during a snapshot storm
 ONE_TRUTH_S = 10.0  # every live member reports a final run as final within this of its record
 PARTITIONS = 4  # of each data topic
-SESSION_TIMEOUT_S = 10.0  # aiokafka's default session_timeout_ms: processors/stream.py keeps it
+SESSION_TIMEOUT_S = 10.0  # aiokafka's default session_timeout_ms: processors/stream/ keeps it
 KILL_MODES = ("consume", "checkpoint", "snapshot")  # "checkpoint": between offset commits
 STEM = "r"
 POLL = 0.05
@@ -451,7 +450,7 @@ class Publisher:
     kill of the publisher takes them with it, as a ``kill -9`` of a job would."""
 
     def __init__(self, trial: Trial, follow: bool) -> None:
-        cmd = [sys.executable, "-m", "rewardstream.cli", "publish", "--quiet"]
+        cmd = [sys.executable, "-m", "rewardstream.commands.cli", "publish", "--quiet"]
         cmd += ["--inputs", str(trial.sent_inputs), "--bootstrap", trial.bootstrap]
         cmd += ["--topic-prefix", trial.prefix, "--run-id", trial.run_id]
         if follow:
@@ -1712,7 +1711,7 @@ class Trial:
     ) -> subprocess.CompletedProcess[str]:
         """``rewardstream snapshot`` of the run from ``member`` into ``out``, timed (raises
         ``subprocess.TimeoutExpired`` after ``timeout`` seconds)."""
-        cmd = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--url", member.url]
+        cmd = [sys.executable, "-m", "rewardstream.commands.cli", "snapshot", "--url", member.url]
         cmd += ["--run-id", self.run_id, "--out", str(out)]
         began = time.monotonic()
         try:
@@ -1884,7 +1883,7 @@ class Trial:
 
     def profiles_get(self, out: Path) -> None:
         """``rewardstream profiles get`` of the run's final profile, for ``self.group``."""
-        cmd = [sys.executable, "-m", "rewardstream.cli", "profiles", "get"]
+        cmd = [sys.executable, "-m", "rewardstream.commands.cli", "profiles", "get"]
         cmd += ["--bootstrap", self.bootstrap, "--topic-prefix", self.prefix]
         cmd += ["--group-id", self.group, "--run-id", self.run_id, "--out", str(out)]
         cmd += ["--timeout", str(TIMEOUT)]

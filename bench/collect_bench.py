@@ -24,7 +24,7 @@ import orjson
 from bench.measure import measure
 from rewardstream.gym_servers.math_env import generate
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG, ServerGroup, load_config
-from rewardstream.kafka_local import free_port
+from rewardstream.kafka.local import free_port
 
 POLICY = "+policy_model.responses_api_models.simulated_model.simulated_policy"
 
@@ -44,7 +44,7 @@ async def _bench(args: argparse.Namespace, work: Path) -> list[float]:
         async with ServerGroup(load_config(overrides), log) as servers:
             for run in range(args.runs):
                 out = work / f"run{run}" / "rollouts.jsonl"
-                cmd = [sys.executable, "-m", "rewardstream.producers.collect"]
+                cmd = [sys.executable, "-m", "rewardstream.producers.gym.collect"]
                 cmd += [f"+input_jsonl_fpath={problems}", f"+output_jsonl_fpath={out}"]
                 cmd += [f"+num_repeats={args.repeats}", "+num_repeats_add_seed=true"]
                 cmd += [f"+num_samples_in_parallel={args.parallel}", "+quiet=true"]

@@ -1,5 +1,5 @@
 """The content digest's cost in the processor's fold: ``Pipeline.handle_rollouts`` per rollout
-with :func:`rewardstream.contract.content_digest` (XXH3) against the same fold with a blake2b
+with :func:`rewardstream.contract.events.content_digest` (XXH3) against the same fold with a blake2b
 digest of the same packed bytes (what it used before), interleaved in one session.
 
     .venv/bin/python -m bench.digest_bench [--tasks 20000] [--repeats 8] [--runs 5]
@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import rewardstream.processors.runs as runs_module
-from rewardstream.contract import Input, Rollout, content_bytes, content_digest, encode
-from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.records import extract_result
+import rewardstream.processors.engine.runs as runs_module
+from rewardstream.contract.events import Input, Rollout, content_bytes, content_digest, encode
+from rewardstream.processors.core.records import extract_result
+from rewardstream.processors.engine.pipeline import Pipeline
 
 SLICE = 2_048  # events per handle_* call, as the processor applies them
 
@@ -49,10 +49,12 @@ def fold_us(digest: Digest, inputs: list[bytes], rollouts: list[bytes]) -> float
     setattr(runs_module, "content_digest", digest)  # noqa: B010 (the one name the fold calls)
     with tempfile.TemporaryDirectory() as folder, Pipeline(Path(folder)) as pipeline:
         for i in range(0, len(inputs), SLICE):
-            pipeline.handle_inputs(inputs[i : i + SLICE], "input-0", i)
+            chunk = inputs[i : i + SLICE]
+            pipeline.handle_inputs(chunk, "input-0", range(i, i + len(chunk)))
         began = time.perf_counter()
         for i in range(0, len(rollouts), SLICE):
-            if pipeline.handle_rollouts(rollouts[i : i + SLICE], "rollout-0", i) is None:
+            chunk = rollouts[i : i + SLICE]
+            if pipeline.handle_rollouts(chunk, "rollout-0", range(i, i + len(chunk))) is None:
                 raise SystemExit("a slice left the fast path: the bench measures the wrong thing")
         return (time.perf_counter() - began) / len(rollouts) * 1e6
 

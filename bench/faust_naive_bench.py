@@ -24,8 +24,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from bench.measure import kafka_workspace
-from rewardstream.contract import Topics, encode_rollout, task_key
-from rewardstream.processors.records import extract_result
+from rewardstream.contract.events import Topics, encode_rollout, task_key
+from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.stream import StreamProcessor
 
 HERE = Path(__file__).resolve().parent
@@ -90,9 +90,9 @@ async def run_ours(bootstrap: str, topics: Topics, n: int, work: Path) -> float:
     processor = StreamProcessor(bootstrap, work / "ours", topics, checkpoint_every=1e9)
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
-    while processor.assigned_at is None:  # timed from the end of the group join
+    while processor.consume.assigned_at is None:  # timed from the end of the group join
         await asyncio.sleep(0.001)
-    first = processor.assigned_at
+    first = processor.consume.assigned_at
     while (run := processor.pipeline.runs.get("run")) is None or run.rollouts < n:
         await asyncio.sleep(0.005)
     elapsed = time.monotonic() - first

@@ -23,8 +23,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.measure import kafka_workspace
-from rewardstream.contract import Topics, encode_rollout, task_key
-from rewardstream.processors.records import extract_result
+from rewardstream.contract.events import Topics, encode_rollout, task_key
+from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.stream import StreamProcessor
 
 
@@ -60,7 +60,7 @@ async def run(bootstrap: str, rate: int, seconds: float, work: Path) -> None:
     processor = StreamProcessor(bootstrap, work, topics)
     stop = asyncio.Event()
     consumer = asyncio.create_task(processor.run(stop))
-    while processor.assigned_at is None:
+    while processor.consume.assigned_at is None:
         await asyncio.sleep(0.01)
     sent, start, tick = 0, time.perf_counter(), 0.01
     try:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from rewardstream.kafka_local import LocalBroker
+from rewardstream.kafka.local import LocalBroker
 
 __all__ = ["Measured", "kafka_workspace", "measure", "tree_rss_kb"]
 

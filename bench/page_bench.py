@@ -27,14 +27,14 @@ from pathlib import Path
 import orjson
 
 from bench.generate import generate
-from rewardstream.contract import RunStarted, encode
-from rewardstream.engine_contract import MemberRecord, UnitProgress, decode_member, encode_record
-from rewardstream.processors.live import AgentLive, History
-from rewardstream.processors.page import HISTORY_EVERY, LiveView
-from rewardstream.processors.passk import curve_ks
-from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.profile import live_figures
-from rewardstream.processors.runs import FIGURES_COST, FIGURES_EVERY
+from rewardstream.contract.engine import MemberRecord, UnitProgress, decode_member, encode_record
+from rewardstream.contract.events import RunStarted, encode
+from rewardstream.processors.core.passk import curve_ks
+from rewardstream.processors.core.profile import live_figures
+from rewardstream.processors.engine.live import AgentLive, History
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.engine.runs import FIGURES_COST, FIGURES_EVERY
+from rewardstream.processors.http.page import HISTORY_EVERY, LiveView
 from rewardstream.producers.events import input_events, rollout_events
 
 

@@ -4,7 +4,7 @@
 
 Publishes ``<data>_materialized_inputs.jsonl`` and ``<data>.jsonl`` (generated with
 bench/generate.py when missing: ``--tasks``/``--repeats``) to fresh topics per run. Without
-``--bootstrap`` it starts its own broker (:class:`rewardstream.kafka_local.LocalBroker`) and
+``--bootstrap`` it starts its own broker (:class:`rewardstream.kafka.local.LocalBroker`) and
 also reports the broker's CPU time, since on a small machine the broker competes with the
 publisher for the same cores. Publisher CPU counts its encoder processes too (shown apart).
 
@@ -30,9 +30,9 @@ import uuid
 from pathlib import Path
 
 from bench.profile_bench import floor
-from rewardstream.contract import Topics
-from rewardstream.kafka_local import LocalBroker
-from rewardstream.producers.publish import PublishReport, publish_files
+from rewardstream.contract.events import Topics
+from rewardstream.kafka.local import LocalBroker
+from rewardstream.producers.publisher.publish import PublishReport, publish_files
 
 HERE = Path(__file__).resolve().parent
 

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from bench.generate import generate
 from bench.measure import tree_rss_kb
-from rewardstream.contract import RunStarted, encode
-from rewardstream.kafka_local import free_port
-from rewardstream.processors.http import make_app, serve
-from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.snapshot import SnapshotJob
+from rewardstream.contract.events import RunStarted, encode
+from rewardstream.kafka.local import free_port
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.http.server import make_app, serve
+from rewardstream.processors.http.snapshot import SnapshotJob
 from rewardstream.producers.events import input_events, rollout_events
 from rewardstream.sinks.snapshot_wire import receive
 
@@ -98,7 +98,7 @@ def main() -> None:
 async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int, out: Path) -> None:
     port = free_port()
     runner, _ = await serve(make_app(pipeline, None), "127.0.0.1", port)
-    cli = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--run-id", "run"]
+    cli = [sys.executable, "-m", "rewardstream.commands.cli", "snapshot", "--run-id", "run"]
     cli += ["--url", f"http://127.0.0.1:{port}", "--out", str(out)]
     try:
         times = []

@@ -40,8 +40,8 @@ from typing import NamedTuple
 from aiohttp import web
 
 from bench.generate import generate
-from rewardstream.contract import Topics
-from rewardstream.kafka_local import free_port
+from rewardstream.contract.events import Topics
+from rewardstream.kafka.local import free_port
 from tests.golden import file_events
 from tests.processes import Processor, make_topics, send_events
 

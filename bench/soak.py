@@ -6,8 +6,8 @@ its memory sampled every second.
     python -m bench.soak --results bench/results       # where the CSV, summary and plot go
 
 Why: a long-lived processor profiles collection after collection. Done runs are evicted
-(:mod:`rewardstream.processors.runs`), so its memory must follow the runs being collected, never the
-runs profiled before: a sawtooth, not a slope.
+(:mod:`rewardstream.processors.engine.runs`), so its memory must follow the runs being
+collected, never the runs profiled before: a sawtooth, not a slope.
 
 What runs: a broker from the Maven jars whose retention deletes consumed data (64 MiB segments,
 1 GiB per partition, checked every 5 s: 10M events would otherwise take ~10 GB of disk), fresh
@@ -52,12 +52,12 @@ from aiokafka import AIOKafkaProducer
 
 from bench.generate import AGENTS, input_row, result_row, text
 from bench.measure import tree_rss_kb
-from rewardstream.batch import ProfileConfig, run_profile
-from rewardstream.contract import RunFinished, RunStarted, Topics, encode
-from rewardstream.kafka_local import LocalBroker
+from rewardstream.contract.events import RunFinished, RunStarted, Topics, encode
+from rewardstream.kafka.local import LocalBroker
+from rewardstream.processors.batch import ProfileConfig, run_profile
 from rewardstream.producers.events import WireEvent, input_event, rollout_event
-from rewardstream.producers.lines import MAX_MESSAGE_BYTES
-from rewardstream.producers.publish import Sender
+from rewardstream.producers.publisher.lines import MAX_MESSAGE_BYTES
+from rewardstream.producers.publisher.publish import Sender
 from rewardstream.sinks.files import ProfilePaths
 from tests.golden import OUTPUT_SUFFIXES
 from tests.processes import Processor, Runs, make_topics

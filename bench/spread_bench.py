@@ -37,7 +37,7 @@ from pathlib import Path
 from bench.generate import generate
 from bench.measure import kafka_workspace
 from bench.stream_bench import prefill
-from rewardstream.contract import RunStarted, Topics, encode
+from rewardstream.contract.events import RunStarted, Topics, encode
 from rewardstream.producers.events import WireEvent, input_events, rollout_events
 from tests.processes import Processor, make_topics
 
@@ -89,7 +89,7 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
         everything = (len(inputs), n)  # a rollout may be folded before its input: wait for both
         wait(lambda: counts_of(a) == everything, "both members folded their halves")
         out = work / "snap"
-        cli = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--run-id", "run"]
+        cli = [sys.executable, "-m", "rewardstream.commands.cli", "snapshot", "--run-id", "run"]
         cli += ["--url", a.url, "--out", str(out)]
         times = []
         for _ in range(runs):

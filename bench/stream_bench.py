@@ -37,13 +37,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.generate import generate
 from bench.measure import kafka_workspace
-from rewardstream.contract import RunStarted, Topics, decode_inputs, decode_rollouts, encode
-from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.runs import Run
+from rewardstream.contract.events import RunStarted, Topics, decode_inputs, decode_rollouts, encode
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.engine.runs import Run
 from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.events import WireEvent, input_events, rollout_events
-from rewardstream.sinks.profiles import ensure_topics
+from rewardstream.sinks.topics.profiles import ensure_topics
 
 
 async def prefill(bootstrap: str, topics: Topics, events: list[WireEvent]) -> None:
@@ -114,19 +114,20 @@ def stage_costs(work: Path, inputs: list[bytes], rollouts: list[bytes]) -> str:
     """CPU per event of the processor's stages, in process on the same bytes, in its slices of
     2,000: decoding (with the checks), then the whole apply (decode, dedupe, fold)."""
 
-    def per_event(step: Callable[[list[bytes], int], object], raws: list[bytes]) -> float:
+    def per_event(step: Callable[[list[bytes], range], object], raws: list[bytes]) -> float:
         cpu = time.process_time()
         for start in range(0, len(raws), 2_000):
-            step(raws[start : start + 2_000], start)
+            chunk = raws[start : start + 2_000]
+            step(chunk, range(start, start + len(chunk)))
         return (time.process_time() - cpu) / len(raws) * 1e6
 
     pipeline = Pipeline(work / "stages")
     costs = {
         "decode input": per_event(lambda raws, _: decode_inputs(raws), inputs),
-        "apply input": per_event(lambda r, at: pipeline.handle_inputs(r, "input-0", at), inputs),
+        "apply input": per_event(lambda r, at: pipeline.apply("input", r, "input-0", at), inputs),
         "decode rollout": per_event(lambda raws, _: decode_rollouts(raws), rollouts),
         "apply rollout": per_event(
-            lambda r, at: pipeline.handle_rollouts(r, "rollout-0", at), rollouts
+            lambda r, at: pipeline.apply("rollout", r, "rollout-0", at), rollouts
         ),
     }
     parts = [f"{stage} {cost:.1f}" for stage, cost in costs.items()]
@@ -139,9 +140,9 @@ async def run_until(processor: StreamProcessor, done: Callable[[Run], bool]) -> 
     other jobs on the machine)."""
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
-    while processor.assigned_at is None:
+    while processor.consume.assigned_at is None:
         await asyncio.sleep(0.001)
-    first, cpu = processor.assigned_at, time.process_time()
+    first, cpu = processor.consume.assigned_at, time.process_time()
     runs = processor.pipeline.runs
     while not ("run" in runs and done(runs["run"])):
         await asyncio.sleep(0.002)
@@ -187,9 +188,9 @@ async def measure(
     processor = StreamProcessor(bootstrap, work / "split", topics, checkpoint_every=1e9)
     stop = asyncio.Event()
     task = asyncio.create_task(processor.run(stop))
-    while processor.assigned_at is None:
+    while processor.consume.assigned_at is None:
         await asyncio.sleep(0.001)
-    data = processor._data
+    data = processor.units.consumer
     assert data is not None
     held = [tp for tp in data.assignment() if tp.topic == topics.rollouts]
     data.pause(*held)

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rewardstream.processors.kernels import builtin_sum, quantile_int64, quantile_linear
-from rewardstream.processors.profile import build_profile
-from rewardstream.processors.state import ProfileState, row_key
+from rewardstream.processors.core.kernels import builtin_sum, quantile_int64, quantile_linear
+from rewardstream.processors.core.profile import build_profile
+from rewardstream.processors.core.state import ProfileState, row_key
 
 __all__ = ["aggregate_metrics", "perf_summary"]
 

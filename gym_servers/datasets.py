@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.base import server_specs
 from rewardstream.gym_servers.environments import AGENTS
-from rewardstream.processors.records import agent_of
+from rewardstream.processors.core.records import agent_of
 from rewardstream.sinks.files import write_files
 
 __all__ = ["SPLITS", "Declared", "check_split", "declared", "prepare", "resolve_task_sources"]

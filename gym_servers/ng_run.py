@@ -32,7 +32,6 @@ from typing import IO, Any, cast
 import yaml
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-from rewardstream.command import override_command
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.base import (
     DEFAULT_HOST,
@@ -44,7 +43,8 @@ from rewardstream.gym_servers.base import (
     server_specs,
 )
 from rewardstream.gym_servers.environments import deprecation, front_agents
-from rewardstream.overrides import parse_overrides
+from rewardstream.infra.command import override_command
+from rewardstream.infra.overrides import parse_overrides
 
 __all__ = ["BUNDLED_CONFIG", "ServerGroup", "load_config", "main", "merged_config"]
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from rewardstream.contract import RunFinished, RunStarted, checked, encode
+from rewardstream.contract.events import EventKind, RunFinished, RunStarted, checked, encode
 from rewardstream.errors import InputError
-from rewardstream.processors.live import of_state
-from rewardstream.processors.pipeline import Pipeline, Rejected
-from rewardstream.processors.runs import Done, PartView, Run, merge_parts
+from rewardstream.processors.engine.live import of_state
+from rewardstream.processors.engine.pipeline import Pipeline, Rejected
+from rewardstream.processors.engine.runs import Done, PartView, Run, merge_parts
 from rewardstream.producers.events import input_events, rollout_events
 from rewardstream.sinks.files import ProfilePaths, write_final
 
-__all__ = ["finish", "stream_files"]
+__all__ = ["PipelineSink", "finish", "stream_files"]
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,7 @@ def stream_files(
 ) -> ProfilePaths:
     """Stream a collection's files through the pipeline; returns where the profile went
     (with the aggregate and difficulty files when ``aggregate_metrics``)."""
-    rejected: list[Rejected] = []
-    with Pipeline(output_dir, on_reject=rejected.append) as pipeline:
+    with Pipeline(output_dir) as pipeline:
         n_inputs = 0
         for event in input_events(inputs, run_id):
             pipeline.handle(event.kind, event.value)
@@ -73,7 +72,7 @@ def stream_files(
         for event in rollout_events(rollouts, run_id, answer_key):
             pipeline.handle(event.kind, event.value)
         run = pipeline.handle("control", encode(RunFinished(run_id=run_id)))
-        if rejected:
+        if rejected := pipeline.take_rejected():
             raise InputError(f"event rejected ({rejected[0].reason}): {rejected[0].detail}")
         assert run is not None
         paths = finish(pipeline, run)
@@ -81,3 +80,29 @@ def stream_files(
             why = run.error or f"{run.rollouts} of {run.expected} rollouts, not finished"
             raise InputError(f"run {run_id}: no profile written: {why}")
         return paths
+
+
+class PipelineSink:
+    """Feeds the in-process :class:`Pipeline` (the embedded transport: no broker): the
+    collector's :class:`~rewardstream.producers.publisher.live.EventSink` without Kafka."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.error: str | None = None  # never set: a failure here is raised
+        self.run: Run | None = None
+        self.paths: ProfilePaths | None = None
+        self.rejected: list[Rejected] = []  # every send from the first refuses
+
+    async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
+        self.run = self.pipeline.handle(kind, value) or self.run
+        self.rejected += self.pipeline.take_rejected()
+        if self.rejected:
+            first = self.rejected[0]
+            raise InputError(f"event rejected by the pipeline ({first.reason}): {first.detail}")
+        return True
+
+    async def close(self, finished: bool) -> None:
+        if finished and self.run is not None:
+            self.paths = finish(self.pipeline, self.run)
+            if self.paths is None:
+                raise InputError(f"run {self.run.run_id}: no profile written: {self.run.error}")

@@ -13,12 +13,11 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from rewardstream.contract import encode_input, encode_rollout, task_key
+from rewardstream.contract.events import EventKind, encode_input, encode_rollout, task_key
 from rewardstream.errors import InvalidRow, LineError
-from rewardstream.jsonl import iter_jsonl
-from rewardstream.processors.pipeline import EventKind
-from rewardstream.processors.records import agent_of, extract_result
-from rewardstream.processors.state import row_key, row_names
+from rewardstream.infra.jsonl import iter_jsonl
+from rewardstream.processors.core.records import agent_of, extract_result
+from rewardstream.processors.core.state import row_key, row_names
 
 __all__ = ["WireEvent", "input_event", "input_events", "rollout_event", "rollout_events"]
 

@@ -1,7 +1,8 @@
 """rewardstream: a streaming reward profiler for LLM RL rollouts, compatible with NeMo Gym 0.7.0.
 
-The command-line edges live here (``cli``, ``batch``, ``jsonl``, ``overrides``, ``kafka_local``);
-the pure profile core is the ``processors`` package and the file writers are ``sinks``.
+A folder per layer, from the top: ``commands``; ``processors``, ``producers``, ``sinks`` and
+``gym_servers`` (the top-level folders, reached here through symlinks); ``kafka`` and ``infra``
+(plumbing); ``contract`` (every wire notion); ``errors`` (ARCHITECTURE.md, "Layers and folders").
 """
 
 __version__ = "0.1.0"

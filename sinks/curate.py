@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 import orjson
 
 from rewardstream.errors import InputError
-from rewardstream.jsonl import iter_jsonl
-from rewardstream.processors.difficulty import EDGES
+from rewardstream.infra.jsonl import iter_jsonl
+from rewardstream.processors.core.difficulty import EDGES
 from rewardstream.sinks.files import write_files
 
 __all__ = ["Criteria", "Curated", "curate", "find_profile", "report_lines"]
@@ -54,7 +54,7 @@ class Criteria(NamedTuple):
 
 class Curated(NamedTuple):
     """Per agent: tasks seen, tasks kept and the histogram of their mean rewards (the bins of
-    :data:`~rewardstream.processors.difficulty.EDGES`, then below 0 and above 1)."""
+    :data:`~rewardstream.processors.core.difficulty.EDGES`, then below 0 and above 1)."""
 
     seen: dict[str, int]
     kept: dict[str, int]

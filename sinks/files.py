@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import orjson
 
+from rewardstream.contract.names import Aggregates, ProfilePaths
 from rewardstream.errors import InputError, ProfileError
-from rewardstream.names import Aggregates, ProfilePaths
 
 if TYPE_CHECKING:  # annotations only: the snapshot client writes files without numpy
-    from rewardstream.processors.profile import Profile, TaskRow
-    from rewardstream.processors.runs import Merged
+    from rewardstream.processors.core.profile import Profile, TaskRow
+    from rewardstream.processors.engine.runs import Merged
 
 __all__ = [
     "Aggregates",
@@ -140,7 +140,9 @@ def write_final(
     the error when it cannot be profiled (e.g. rollouts without their input rows), logged.
     A file that cannot be written (a full disk) raises :class:`InputError`: that is not the
     run's fault, and the caller decides whether to stop."""
-    from rewardstream.processors.profile import build_profile  # numpy: not for the light commands
+    from rewardstream.processors.core.profile import (
+        build_profile,  # numpy: not for the light commands
+    )
 
     if partial:
         log.warning(

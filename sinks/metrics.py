@@ -26,14 +26,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from rewardstream.contract import REJECT_REASONS, RejectReason, Rollout
-from rewardstream.processors.difficulty import EDGES
+from rewardstream.contract.events import REJECT_REASONS, RejectReason, Rollout
+from rewardstream.processors.core.difficulty import EDGES
 
 if TYPE_CHECKING:
-    from rewardstream.processors.live import AgentLive
-    from rewardstream.processors.pipeline import EventKind
-    from rewardstream.processors.profile import TaskFigures
-    from rewardstream.processors.runs import Run
+    from rewardstream.contract.events import EventKind
+    from rewardstream.processors.core.profile import TaskFigures
+    from rewardstream.processors.engine.live import AgentLive
+    from rewardstream.processors.engine.runs import Run
 
 __all__ = ["Metrics"]
 
@@ -255,7 +255,7 @@ class Metrics:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``clock``: the engine's (:attr:`rewardstream.processors.pipeline.Pipeline.clock`),
+        """``clock``: the engine's (:attr:`rewardstream.processors.engine.pipeline.Pipeline.clock`),
         which times the runs' last events."""
         self.registry = registry or CollectorRegistry()
         self.duplicates = Counter(

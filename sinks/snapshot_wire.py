@@ -6,8 +6,8 @@ an end frame. The files are large (~3 KB per task) and written raw, not as JSON 
 response cut short lacks the end frame, so it is never written as a profile. A build that fails
 before its head (e.g. rollouts without input rows) sends ``{"error": ...}`` as its only line.
 
-The server end is :mod:`rewardstream.processors.snapshot`. This module imports neither numpy nor
-pydantic: ``rewardstream snapshot`` starts in a tenth of a second, and its start-up is part of a
+The server end is :mod:`rewardstream.processors.http.snapshot`. This module imports neither numpy
+nor pydantic: ``rewardstream snapshot`` starts in a tenth of a second, and its start-up is part of a
 snapshot's latency.
 """
 
@@ -20,8 +20,8 @@ from typing import NamedTuple, Protocol
 
 import orjson
 
+from rewardstream.contract.names import valid_output_stem
 from rewardstream.errors import InputError, RewardstreamError
-from rewardstream.names import valid_output_stem
 from rewardstream.sinks.files import ProfilePaths, write_files
 
 __all__ = [

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from rewardstream import kafka_local
+from rewardstream.kafka import local as kafka_local
 from tests.processes import Processor
 
 pytest_plugins = ["tests.nemo"]  # the nemo_python fixture

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bench.generate import generate
-from rewardstream.cli import ng_reward_profile
-from rewardstream.contract import RunFinished, RunStarted, encode
-from rewardstream.processors.pipeline import EventKind
+from rewardstream.commands.cli import ng_reward_profile
+from rewardstream.contract.events import EventKind, RunFinished, RunStarted, encode
 from rewardstream.producers.events import input_events, rollout_events
 
 GOLDEN = Path(

@@ -19,7 +19,7 @@ from aiohttp import web
 from rewardstream.gym_servers.base import Handler
 from rewardstream.gym_servers.math_env import generate
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
-from rewardstream.kafka_local import free_port
+from rewardstream.kafka.local import free_port
 
 POLICY = "+policy_model.responses_api_models.simulated_model.simulated_policy"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardstream.kafka_local import free_port
+from rewardstream.kafka.local import free_port
 
 __all__ = ["STRING_MATCH", "nemo_ng_run", "nemo_python", "site_packages"]
 

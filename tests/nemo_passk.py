@@ -2,12 +2,12 @@
 
 ``compute_pass_majority_metrics`` and ``highest_k_metrics`` of ``nemo_gym/reward_profile.py``
 (Apache-2.0, NVIDIA) and the ``get_key_metrics`` of its ``math_with_judge`` server, kept as
-plain Python over lists of dicts so that ``rewardstream.processors.passk``, which computes the
+plain Python over lists of dicts so that ``rewardstream.processors.core.passk``, which computes the
 same numbers from columns, is checked against the definition rather than against itself.
 
 NeMo Gym 0.7.0 runs on Python >= 3.13, whose built-in ``sum`` of floats is compensated
 (Neumaier, since 3.12): :func:`psum` is that ``sum`` on any Python
-(:func:`rewardstream.processors.kernels.builtin_sum`).
+(:func:`rewardstream.processors.core.kernels.builtin_sum`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from rewardstream.processors.kernels import builtin_sum as psum
+from rewardstream.processors.core.kernels import builtin_sum as psum
 
 STATS = ("std_dev_across_runs", "std_err_across_runs", "avg_sample_std_dev")
 

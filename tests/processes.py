@@ -17,12 +17,11 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from rewardstream.contract import Topics, task_key
-from rewardstream.http_security import HttpSecurity, open_url
-from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.kafka_local import free_port
-from rewardstream.processors.pipeline import EventKind
-from rewardstream.sinks.profiles import ensure_topics
+from rewardstream.contract.events import EventKind, Topics, task_key
+from rewardstream.infra.http_security import HttpSecurity, open_url
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.kafka.local import free_port
+from rewardstream.sinks.topics.profiles import ensure_topics
 
 __all__ = [
     "Processor",
@@ -219,7 +218,7 @@ class Processor:
         cmd = [
             sys.executable,
             "-m",
-            "rewardstream.cli",
+            "rewardstream.commands.cli",
             "stream",
             "--bootstrap",
             bootstrap,

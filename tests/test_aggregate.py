@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 import pytest
 
-from rewardstream.cli import main, ng_reward_profile
-from rewardstream.contract import Topics
+from rewardstream.commands.cli import main, ng_reward_profile
+from rewardstream.contract.events import Topics
 from tests import nemo_passk
 from tests.golden import GOLDEN
 from tests.processes import Processor, make_topics
@@ -222,7 +222,7 @@ def test_streamed_snapshot_and_final_carry_the_batch_aggregates(
     (live / inputs.name).write_bytes(inputs.read_bytes())
     half = len(lines) // 2
     (live / "r.jsonl").write_bytes(b"".join(lines[:half]))
-    cmd = [sys.executable, "-m", "rewardstream.cli", "publish", "--follow", "--quiet"]
+    cmd = [sys.executable, "-m", "rewardstream.commands.cli", "publish", "--follow", "--quiet"]
     cmd += ["--inputs", str(live / inputs.name), "--rollouts", str(live / "r.jsonl")]
     cmd += ["--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--run-id", "agg"]
     cmd += ["--aggregate-metrics", "--answer-key", "extracted_answer"]

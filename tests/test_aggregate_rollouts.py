@@ -12,8 +12,8 @@ import pytest
 
 from rewardstream.errors import InputError
 from rewardstream.gym_servers.aggregate import aggregate_metrics
-from rewardstream.producers.aggregate_rollouts import _Shards, main
-from rewardstream.producers.collect import run, verify_entry
+from rewardstream.producers.gym.aggregate_rollouts import _Shards, main
+from rewardstream.producers.gym.collect import run, verify_entry
 from tests.golden import generated_collection
 from tests.gym import NgRun, fast, read_jsonl, write_problems
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rewardstream.cli import main, ng_reward_profile
-from rewardstream.overrides import parse_overrides
+from rewardstream.commands.cli import main, ng_reward_profile
+from rewardstream.infra.overrides import parse_overrides
 
 ROW = b'{"q":"x","agent_ref":{"name":"a"},"_ng_task_index":0,"_ng_rollout_index":0}\n'
 RESULT = b'{"reward":1.0,"_ng_task_index":0,"_ng_rollout_index":0}\n'
@@ -85,7 +85,7 @@ def test_bad_rollouts_one_line_exit_2_nothing_written(
 def test_error_line_numbers_count_from_file_start_with_parallel_workers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("rewardstream.batch._PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr("rewardstream.processors.batch._PARALLEL_MIN_BYTES", 1)
     n = 2000
     inputs, rollouts = tmp_path / "r_materialized_inputs.jsonl", tmp_path / "r.jsonl"
     inputs.write_bytes(
@@ -221,7 +221,7 @@ def test_two_renderers_write_what_one_writes(
     the same one-line error (nothing written) when a row of either half cannot be written."""
     outcomes = []
     for split_min in (10**9, 2):  # one renderer, then two
-        monkeypatch.setattr("rewardstream.batch._SPLIT_MIN", split_min)
+        monkeypatch.setattr("rewardstream.processors.batch._SPLIT_MIN", split_min)
         folder = tmp_path / str(split_min)
         folder.mkdir()
         inputs, rollouts = _tasks(folder, 5000, deep_at)

@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 
 import rewardstream.gym_servers.ng_run
-from rewardstream.batch import ProfileConfig
-from rewardstream.cli import build_parser
-from rewardstream.command import SIGPIPE_EXIT
+from rewardstream.commands.cli import build_parser
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
-from rewardstream.kafka_local import free_port
-from rewardstream.kafka_options import normalize_bootstrap
-from rewardstream.producers.collect import CollectConfig
+from rewardstream.infra.command import SIGPIPE_EXIT
+from rewardstream.kafka.local import free_port
+from rewardstream.kafka.options import normalize_bootstrap
+from rewardstream.processors.batch import ProfileConfig
+from rewardstream.producers.gym.collect import CollectConfig
 from tests.golden import golden_cases
 
-CLI = [sys.executable, "-m", "rewardstream.cli"]
+CLI = [sys.executable, "-m", "rewardstream.commands.cli"]
 SCRIPTS = tuple(  # every console script the package installs
     sorted(
         e.name for e in distribution("rewardstream").entry_points if e.group == "console_scripts"
@@ -467,7 +467,7 @@ def test_sigterm_unwinds_like_ctrl_c(tmp_path: Path) -> None:
     marker = tmp_path / "cleaned"
     code = (
         "import os, signal, sys\n"
-        "from rewardstream.command import run_guarded\n"
+        "from rewardstream.infra.command import run_guarded\n"
         "def work():\n"
         "    try:\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"

@@ -16,15 +16,15 @@ import orjson
 import pytest
 from aiohttp import web
 
-from rewardstream.cli import ng_reward_profile
-from rewardstream.contract import Topics
-from rewardstream.kafka_local import free_port
-from rewardstream.overrides import parse_overrides
-from rewardstream.processors.page import LiveView
+from rewardstream.commands.cli import ng_reward_profile
+from rewardstream.contract.events import Topics
+from rewardstream.infra.overrides import parse_overrides
+from rewardstream.kafka.local import free_port
+from rewardstream.processors.http.page import LiveView
 from rewardstream.processors.stream import StreamProcessor
-from rewardstream.producers.collect import CollectConfig, CollectionFailed, collect, main, run
-from rewardstream.producers.materialize import materialize
-from rewardstream.producers.run_id import default_run_id
+from rewardstream.producers.gym.collect import CollectConfig, CollectionFailed, collect, main, run
+from rewardstream.producers.gym.materialize import materialize
+from rewardstream.producers.publisher.run_id import default_run_id
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES
 from tests.gym import POLICY, NgRun, fast, keys, ng_run, read_jsonl, serve, write_problems
 
@@ -276,7 +276,7 @@ def test_resume_after_the_collector_is_killed(
     args = [f"+input_jsonl_fpath={src}", f"+output_jsonl_fpath={out}", "+num_repeats=2"]
     args += ["+num_samples_in_parallel=4", f"+head_server_url={slow_servers.head_url}"]
     child = subprocess.Popen(
-        [sys.executable, "-m", "rewardstream.producers.collect", *args],
+        [sys.executable, "-m", "rewardstream.producers.gym.collect", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

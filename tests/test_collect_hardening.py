@@ -31,11 +31,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from rewardstream.cli import ng_reward_profile
-from rewardstream.contract import Topics
-from rewardstream.kafka_local import free_port
+from rewardstream.commands.cli import ng_reward_profile
+from rewardstream.contract.events import Topics
+from rewardstream.kafka.local import free_port
 from rewardstream.processors.stream import StreamProcessor
-from rewardstream.producers.run_id import default_run_id
+from rewardstream.producers.publisher.run_id import default_run_id
 from rewardstream.sinks.files import write_files
 from tests.golden import OUTPUT_SUFFIXES
 from tests.gym import POLICY, NgRun, fast, keys, ng_run, read_jsonl, write_problems
@@ -56,7 +56,12 @@ def _collect(
     inputs: Path, out: Path, *extra: str, preexec: Callable[[], None] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``ng_collect_rollouts`` as a child process (a hang cannot outlive the test)."""
-    cmd = [sys.executable, "-m", "rewardstream.producers.collect", f"+input_jsonl_fpath={inputs}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rewardstream.producers.gym.collect",
+        f"+input_jsonl_fpath={inputs}",
+    ]
     cmd += [f"+output_jsonl_fpath={out}", "+quiet=true", *extra]
     return subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=preexec
@@ -252,7 +257,12 @@ async def test_an_event_too_large_for_kafka_is_a_dead_letter_not_an_abort(
     task = asyncio.create_task(processor.run(stop))
     try:
         child = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "rewardstream.producers.collect", f"+input_jsonl_fpath={src}"),
+            *(
+                sys.executable,
+                "-m",
+                "rewardstream.producers.gym.collect",
+                f"+input_jsonl_fpath={src}",
+            ),
             *(f"+output_jsonl_fpath={out}", f"+head_server_url={servers.head_url}"),
             *("+num_repeats=2", "+quiet=true", f"+kafka_bootstrap_servers={kafka_bootstrap}"),
             *(f"+kafka_topic_prefix={prefix}", "+kafka_wait_profile=true"),
@@ -431,7 +441,7 @@ def test_an_interrupted_collection_says_how_to_resume_and_that_completes_it(
     args += ["+num_repeats_add_seed=true", "+num_samples_in_parallel=2", "+quiet=true"]
     args += [f"+head_server_url={slow_servers.head_url}"]
     child = subprocess.Popen(
-        [sys.executable, "-m", "rewardstream.producers.collect", *args],
+        [sys.executable, "-m", "rewardstream.producers.gym.collect", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -469,7 +479,7 @@ def test_an_interrupted_collection_says_how_to_resume_and_that_completes_it(
     plain = [a for a in args if not a.startswith(("+output", "+num_samples"))]
     plain += [f"+output_jsonl_fpath={whole}", "+num_samples_in_parallel=16"]
     done = subprocess.run(
-        [sys.executable, "-m", "rewardstream.producers.collect", *plain],
+        [sys.executable, "-m", "rewardstream.producers.gym.collect", *plain],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardstream.contract import (
+from rewardstream.contract.events import (
     BadEvent,
     Input,
     Rollout,
@@ -36,7 +36,7 @@ from rewardstream.contract import (
     reject_reason,
     task_key,
 )
-from rewardstream.processors.records import ResultRecord, extract_result
+from rewardstream.processors.core.records import ResultRecord, extract_result
 
 
 def test_encoders_write_the_schema_2_bytes() -> None:

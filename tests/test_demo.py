@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardstream.cli import main, ng_reward_profile
+from rewardstream.commands.cli import main, ng_reward_profile
 from tests.golden import OUTPUT_SUFFIXES
 from tests.gym import keys, read_jsonl
 

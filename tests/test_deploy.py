@@ -25,9 +25,9 @@ import orjson
 import pytest
 import yaml
 
-from rewardstream.contract import Topics
-from rewardstream.http_security import HttpSecurity
-from rewardstream.kafka_local import free_port
+from rewardstream.contract.events import Topics
+from rewardstream.infra.http_security import HttpSecurity
+from rewardstream.kafka.local import free_port
 from tests.golden import file_events, generated_collection
 from tests.processes import Processor, make_topics, send_events
 from tests.tls import make_certs

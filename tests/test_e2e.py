@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
-from rewardstream.kafka_local import free_port
-from rewardstream.producers.e2e import main
+from rewardstream.kafka.local import free_port
+from rewardstream.producers.gym.e2e import main
 from tests.gym import POLICY, fast, read_jsonl
 
 CONFIG = f"+config_paths=[{BUNDLED_CONFIG}]"
@@ -22,7 +22,7 @@ CONFIG = f"+config_paths=[{BUNDLED_CONFIG}]"
 
 def _e2e(*overrides: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rewardstream.producers.e2e", CONFIG, *overrides],
+        [sys.executable, "-m", "rewardstream.producers.gym.e2e", CONFIG, *overrides],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -23,7 +23,7 @@ from rewardstream.gym_servers.environments import (
     server_for_agent,
 )
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG, load_config
-from rewardstream.kafka_local import free_port
+from rewardstream.kafka.local import free_port
 
 
 def _agent(name: str, impl: str = "simple_agent") -> dict[str, Any]:

@@ -32,14 +32,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import rewardstream.batch
-from rewardstream.cli import main, ng_reward_profile
-from rewardstream.contract import Topics, decode_control, decode_input, decode_rollout
+import rewardstream.processors.batch
+from rewardstream.commands.cli import main, ng_reward_profile
+from rewardstream.contract.events import Topics, decode_control, decode_input, decode_rollout
 from rewardstream.errors import LineError
-from rewardstream.jsonl import iter_jsonl
-from rewardstream.kafka_local import free_port
+from rewardstream.infra.jsonl import iter_jsonl
+from rewardstream.kafka.local import free_port
 from rewardstream.producers.events import input_event, rollout_event
-from rewardstream.producers.lines import (
+from rewardstream.producers.publisher.lines import (
     MAX_MESSAGE_BYTES,
     MakeEvent,
     MessageLimit,
@@ -293,12 +293,12 @@ def fingerprint(folder: Path) -> dict[str, tuple[bytes, int]]:
 @contextlib.contextmanager
 def parallel_reader(on: bool) -> Iterator[None]:
     """Make the batch reader fork its workers even for tiny files (errors are renumbered)."""
-    saved = rewardstream.batch._PARALLEL_MIN_BYTES
-    rewardstream.batch._PARALLEL_MIN_BYTES = 1 if on else saved
+    saved = rewardstream.processors.batch._PARALLEL_MIN_BYTES
+    rewardstream.processors.batch._PARALLEL_MIN_BYTES = 1 if on else saved
     try:
         yield
     finally:
-        rewardstream.batch._PARALLEL_MIN_BYTES = saved
+        rewardstream.processors.batch._PARALLEL_MIN_BYTES = saved
 
 
 class Outcome(NamedTuple):
@@ -555,7 +555,7 @@ def test_console_scripts_exit_2_without_traceback(
         message = _one_line_exit_2(run(script, *argv), "ng_reward_profile")
         where = located(message)
         assert where is not None and where[:2] == (str(files.folder / file), lineno), message
-        cli = [sys.executable, "-W", "error", "-m", "rewardstream.cli", "profile"]
+        cli = [sys.executable, "-W", "error", "-m", "rewardstream.commands.cli", "profile"]
         proc = run(*cli, "--inputs", str(files.inputs), "--rollouts", str(files.rollouts))
         assert _one_line_exit_2(proc, "rewardstream profile") == message
         assert fingerprint(files.folder) == before
@@ -568,7 +568,15 @@ def test_huge_doubles_profile_without_warnings() -> None:
         r | {"reward": 1.7976931348623157e308 * (1 if i % 3 else -1)} for i, r in enumerate(RESULTS)
     ]
     with collection(b"".join(_lines(ROWS)), b"".join(_lines(results))) as files:
-        cli = [sys.executable, "-W", "error", "-m", "rewardstream.cli", "profile", "--quiet"]
+        cli = [
+            sys.executable,
+            "-W",
+            "error",
+            "-m",
+            "rewardstream.commands.cli",
+            "profile",
+            "--quiet",
+        ]
         proc = run(*cli, "--inputs", str(files.inputs), "--rollouts", str(files.rollouts))
         assert (proc.returncode, proc.stderr) == (0, "")
         agents = orjson.loads((files.folder / OUTPUTS[1]).read_bytes())

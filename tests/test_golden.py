@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardstream.cli import ng_reward_profile
+from rewardstream.commands.cli import ng_reward_profile
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases
 
 CASES = golden_cases() if GOLDEN.exists() else []

@@ -14,8 +14,8 @@ from typing import NamedTuple
 import orjson
 import pytest
 
-from rewardstream.cli import main
-from rewardstream.contract import Topics
+from rewardstream.commands.cli import main
+from rewardstream.contract.events import Topics
 from tests.golden import (
     assert_batch_files,
     file_events,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rewardstream.gym_cli import main
+from rewardstream.commands.gym_cli import main
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
-from rewardstream.kafka_local import free_port
+from rewardstream.kafka.local import free_port
 from tests.golden import OUTPUT_SUFFIXES, profiled_cases
 from tests.gym import NgRun, fast, read_jsonl, write_problems
 

@@ -18,7 +18,7 @@ from rewardstream.errors import InputError
 from rewardstream.gym_servers.base import redacted
 from rewardstream.gym_servers.math_env import DATASET, generate
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG, ServerGroup, load_config
-from rewardstream.kafka_local import free_port
+from rewardstream.kafka.local import free_port
 from tests.gym import NgRun, fast, ng_run, serve
 
 AGENT, MODEL, RESOURCES = "arithmetic_simple_agent", "policy_model", "arithmetic_resources_server"

@@ -21,10 +21,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
-from rewardstream.cli import main
-from rewardstream.contract import Topics
-from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.sinks.profiles import ensure_topics
+from rewardstream.commands.cli import main
+from rewardstream.contract.events import Topics
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.sinks.topics.profiles import ensure_topics
 from tests.golden import (
     assert_batch_files,
     file_events,

@@ -28,14 +28,14 @@ from aiokafka import AIOKafkaConsumer
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from rewardstream.cli import main
-from rewardstream.contract import Topics
-from rewardstream.engine_contract import EngineTopics, decode_member
+from rewardstream.commands.cli import main
+from rewardstream.contract.engine import EngineTopics, decode_member
+from rewardstream.contract.events import Topics
 from rewardstream.errors import InputError
-from rewardstream.http_security import TOKEN_ENV, HttpSecurity, open_url
-from rewardstream.processors.auth import COOKIE, OPEN
-from rewardstream.processors.http import make_app, serve
-from rewardstream.processors.pipeline import Pipeline
+from rewardstream.infra.http_security import TOKEN_ENV, HttpSecurity, open_url
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.http.auth import COOKIE, OPEN
+from rewardstream.processors.http.server import make_app, serve
 from rewardstream.processors.stream import StreamProcessor, Unavailable
 from rewardstream.sinks.metrics import Metrics
 from tests.golden import GOLDEN, assert_batch_files, generated_collection, golden_cases
@@ -370,14 +370,14 @@ async def test_peers_certificates_are_checked_against_the_peer_name(
     server, asker = processor(None, "server"), processor(peer_name, "asker")
     app = make_app(server.pipeline, None, server, security=server.http_security)
     runner, port = await serve(app, "127.0.0.1", 0, security=server.http_security)
-    session = asker._session = asker._peer_session()
+    session = asker.peers.open()
     try:
         if works:
-            _, parts = await asker._fetch_parts(f"https://127.0.0.1:{port}", RUN)
+            _, parts = await asker.peers._fetch_parts(f"https://127.0.0.1:{port}", RUN)
             assert parts == {}
         else:
             with pytest.raises(aiohttp.ClientConnectorCertificateError):
-                await asker._fetch_parts(f"https://127.0.0.1:{port}", RUN)
+                await asker.peers._fetch_parts(f"https://127.0.0.1:{port}", RUN)
     finally:
         await session.close()
         await runner.cleanup()
@@ -432,7 +432,7 @@ async def _asking(
     (its port)."""
     runner, port = await serve(peer, "127.0.0.1", 0)
     asker = StreamProcessor("127.0.0.1:1", None, state_dir=tmp_path, http_security=security)
-    session = asker._session = asker._peer_session()
+    session = asker.peers.open()
     try:
         yield asker, port
     finally:
@@ -450,7 +450,7 @@ async def test_a_tls_processor_never_sends_its_token_in_the_clear(
     security = HttpSecurity(TOKEN, certs.server_cert, certs.server_key, certs.ca)
     async with _asking(tmp_path, security, _recorder(seen)) as (asker, port):
         with pytest.raises(Unavailable, match="https only"):
-            await asker._fetch_parts(f"http://127.0.0.1:{port}", RUN)
+            await asker.peers._fetch_parts(f"http://127.0.0.1:{port}", RUN)
     assert seen == []
 
 
@@ -463,9 +463,9 @@ async def test_a_token_over_plain_http_goes_to_loopback_peers_only(
     seen: list[str] = []
     async with _asking(tmp_path, HttpSecurity(TOKEN), _recorder(seen)) as (asker, port):
         with pytest.raises(Unavailable, match="HTTP 404"):
-            await asker._fetch_parts(f"http://localhost:{port}", RUN)
+            await asker.peers._fetch_parts(f"http://localhost:{port}", RUN)
         with pytest.raises(Unavailable, match="loopback peers only"):
-            await asker._fetch_parts(peer, RUN)
+            await asker.peers._fetch_parts(peer, RUN)
     assert seen == [f"Bearer {TOKEN}"]
     assert HttpSecurity(TOKEN, insecure_public=True).refuses_peer(peer) is None  # told so
 
@@ -486,7 +486,7 @@ async def test_no_client_follows_a_redirect_with_the_token(tmp_path: Path) -> No
     try:
         async with _asking(tmp_path, security, app) as (asker, port):
             with pytest.raises(Unavailable, match="HTTP 307"):
-                await asker._fetch_parts(f"http://127.0.0.1:{port}", RUN)
+                await asker.peers._fetch_parts(f"http://127.0.0.1:{port}", RUN)
             with pytest.raises(urllib.error.HTTPError, match="307"):
                 await asyncio.to_thread(open_url, security, f"http://127.0.0.1:{port}/runs")
     finally:
@@ -504,7 +504,7 @@ def _members(bootstrap: str, prefix: str) -> list[bytes]:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
         await consumer.start()
         try:
-            from rewardstream.sinks.profiles import read_to_end
+            from rewardstream.sinks.topics.profiles import read_to_end
 
             topic = EngineTopics.of(Topics.for_prefix(prefix)).members
             return [r.value async for r in read_to_end(consumer, topic) if r.value is not None]

@@ -11,16 +11,20 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
 from aiohttp import web
+from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from rewardstream.cli import ng_reward_profile
-from rewardstream.contract import (
+from rewardstream.commands.cli import ng_reward_profile
+from rewardstream.contract.engine import EngineTopics, FinalRecord
+from rewardstream.contract.events import (
+    EventKind,
     Input,
     Rollout,
     Topics,
@@ -30,17 +34,17 @@ from rewardstream.contract import (
     decode_rollout,
     encode,
 )
-from rewardstream.engine_contract import EngineTopics, FinalRecord
-from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.names import ProfilePaths
-from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
-from rewardstream.processors.records import extract_result
-from rewardstream.processors.runs import Part
-from rewardstream.producers.collect import CollectConfig, collect
-from rewardstream.producers.content import Conflict, files_content
-from rewardstream.producers.live import KafkaSink
+from rewardstream.contract.names import ProfilePaths
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.processors.core.records import extract_result
+from rewardstream.processors.engine.pipeline import Pipeline, log_level
+from rewardstream.processors.engine.runs import Part
+from rewardstream.processors.stream import StreamProcessor
+from rewardstream.producers.gym.collect import CollectConfig, collect
+from rewardstream.producers.publisher.live import KafkaSink
 from rewardstream.sinks.metrics import Metrics
-from rewardstream.sinks.profiles import list_finals
+from rewardstream.sinks.topics.content import Conflict, files_content
+from rewardstream.sinks.topics.profiles import list_finals
 from tests.golden import assert_batch_files, file_events, generated_collection
 from tests.gym import serve, write_problems
 from tests.processes import Processor, make_topics, send_events
@@ -76,7 +80,7 @@ def _apply(pipeline: Pipeline, kind: EventKind, batches: list[list[bytes]], batc
     for raws in batches:
         if batch:
             handle = pipeline.handle_rollouts if kind == "rollout" else pipeline.handle_inputs
-            assert handle(raws, f"{kind}-0", at) is not None
+            assert handle(raws, f"{kind}-0", range(at, at + len(raws))) is not None
         else:
             for i, raw in enumerate(raws):
                 pipeline.handle(kind, raw, f"{kind}-0", at + i)
@@ -87,8 +91,8 @@ def _apply(pipeline: Pipeline, kind: EventKind, batches: list[list[bytes]], batc
 def test_a_rollout_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
     tmp_path: Path, batch: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path, rejected.append) as pipeline:
+    with Pipeline(tmp_path) as pipeline:
+        rejected = pipeline.rejected
         pipeline.metrics = metrics = _metrics(pipeline)
         rows = [_input(t, r, line=i) for i, (t, r) in enumerate([(0, 0), (0, 1), (1, 0), (2, 0)])]
         _apply(pipeline, "input", [rows], batch)  # a rollout counts once its row is in
@@ -113,23 +117,78 @@ def test_a_rollout_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
         assert part.state.pool.tolist() == [1.0, 1.0, 1.0, 1.0]
 
 
-def test_a_conflict_is_an_error_line_naming_run_task_and_rollout(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    with Pipeline(tmp_path) as pipeline, caplog.at_level(logging.WARNING):
+def test_a_conflict_is_an_error_line_naming_run_task_and_rollout(tmp_path: Path) -> None:
+    """The engine returns the conflict; the transport logs it at ``log_level`` (the Kafka
+    processor's "dead letter from" line)."""
+    with Pipeline(tmp_path) as pipeline:
         pipeline.handle("rollout", _rollout(3, 2), "rollout-0", 0)
         pipeline.handle("rollout", _rollout(3, 2, reward=0.0), "rollout-0", 1)
-    [line] = [r for r in caplog.records if "conflict" in r.getMessage()]
-    assert line.levelno == logging.ERROR
-    assert "run 'r' task 3 rollout 2" in line.getMessage()
+    [conflict] = [r for r in pipeline.take_rejected() if r.reason == "conflict"]
+    assert log_level(conflict.reason) == logging.ERROR
+    assert "run 'r' task 3 rollout 2" in conflict.detail
+    assert conflict.offset == 1
+
+
+def test_every_reject_names_its_own_offset_on_either_path(tmp_path: Path) -> None:
+    """The transport names a dead letter ``topic:partition:offset`` from the offset the engine
+    returns with it: a slice the batch path folds whole (conflicts) and one it hands to the
+    one-by-one path (a bad event among them) name the same offsets, gaps in the log included
+    (a transactional producer's markers take offsets)."""
+    rows = [_input(t, 0, line=t) for t in range(4)]
+    first = [_rollout(t, 0) for t in range(4)]
+    again = [_rollout(0, 0, reward=0.0), _rollout(1, 0), _rollout(2, 0, reward=0.5)]
+    for odd, want in (([], [11, 17]), ([b"not json"], [11, 14, 17])):
+        with Pipeline(tmp_path / str(len(odd))) as pipeline:
+            pipeline.apply("input", rows, "input-0", [0, 2, 3, 7])
+            pipeline.apply("rollout", first, "rollout-0", [0, 1, 5, 6])
+            assert pipeline.take_rejected() == []
+            offsets = [11, 12, 14, 17] if odd else [11, 12, 17]
+            pipeline.apply("rollout", [again[0], again[1], *odd, again[2]], "rollout-0", offsets)
+            rejected = pipeline.take_rejected()
+            assert [r.offset for r in rejected] == want
+            assert pipeline.rejected == []  # taken once
+            assert pipeline.runs["r"].conflicts == 2
+
+
+async def test_the_processor_names_each_dead_letter_by_its_own_record(tmp_path: Path) -> None:
+    """The Kafka processor hands a slice to the engine and names each reject it gets back
+    ``topic:partition:offset``: the conflict and the bad event of one slice, each its own (no
+    broker: the records are made here, as the consumer would give them)."""
+    processor = StreamProcessor("127.0.0.1:1", None, state_dir=tmp_path)
+    topics, now = processor.topics, int(time.time() * 1000)
+
+    def records(topic: str, values: list[bytes], offsets: list[int]) -> list[ConsumerRecord]:
+        return [
+            ConsumerRecord(topic, 3, at, now, 0, None, value, None, 0, len(value), ())
+            for value, at in zip(values, offsets, strict=True)
+        ]
+
+    try:
+        for name in ("input-3", "rollout-3"):
+            processor.pipeline.unit(name)  # assigned
+        rows = [_input(t, 0, line=t) for t in range(2)]
+        outs = [_rollout(0, 0), _rollout(0, 0, reward=0.0), b"{bad", _rollout(1, 0)]
+        apply = processor.consume._apply
+        await apply(TopicPartition(topics.inputs, 3), records(topics.inputs, rows, [0, 1]), 0)
+        await apply(
+            TopicPartition(topics.rollouts, 3), records(topics.rollouts, outs, [4, 9, 10, 12]), 0
+        )
+        named = [(source, r.reason) for r, source in processor.dead_letters.rejected]
+        assert named == [
+            (f"{topics.rollouts}:3:9", "conflict"),
+            (f"{topics.rollouts}:3:10", "not-json"),
+        ]
+        assert processor.pipeline.units["rollout-3"].position == 13
+    finally:
+        processor.pipeline.close()
 
 
 @pytest.mark.parametrize("batch", [False, True])
 def test_an_input_row_of_a_folded_key_is_a_duplicate_only_with_the_same_content(
     tmp_path: Path, batch: bool
 ) -> None:
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path, rejected.append) as pipeline:
+    with Pipeline(tmp_path) as pipeline:
+        rejected = pipeline.rejected
         pipeline.metrics = metrics = _metrics(pipeline)
         first = [_input(0, 0, line=0), _input(0, 1, line=1)]
         again = [
@@ -153,9 +212,9 @@ def test_a_row_too_deep_to_write_back_is_rejected_even_when_its_key_was_seen(
 ) -> None:
     """Its digest cannot be taken (msgpack recurses no deeper than orjson writes): refused
     as invalid, as a row of a new key is, never a crash of the fold."""
-    rejected: list[Rejected] = []
     deep = _input(0, 0).replace(b'"question":"q"', b'"question":' + b"[" * 900 + b"]" * 900)
-    with Pipeline(tmp_path, rejected.append) as pipeline:
+    with Pipeline(tmp_path) as pipeline:
+        rejected = pipeline.rejected
         _apply(pipeline, "input", [[_input(0, 0)]], batch=False)
         _apply(pipeline, "input", [[deep]], batch=False)
     assert [r.reason for r in rejected] == ["invalid-event"]
@@ -223,7 +282,7 @@ def test_the_digest_reads_content_not_bytes_nor_publish_time() -> None:
 
 def _publish(bootstrap: str, prefix: str, inputs: Path, rollouts: Path, *extra: str) -> Finished:
     """``rewardstream publish --wait-profile`` as a user runs it: a process of its own."""
-    argv = [sys.executable, "-m", "rewardstream.cli", "publish", "--inputs", str(inputs)]
+    argv = [sys.executable, "-m", "rewardstream.commands.cli", "publish", "--inputs", str(inputs)]
     argv += ["--rollouts", str(rollouts), "--bootstrap", bootstrap, "--topic-prefix", prefix]
     argv += ["--quiet", "--wait-profile", "--wait-timeout", "90", *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rewardstream.cli import main
+from rewardstream.commands.cli import main
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases
 
 # Streaming finishes incomplete runs with the partial rule, so strict-mode error cases are

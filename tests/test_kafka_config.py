@@ -13,7 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from rewardstream.errors import InputError
-from rewardstream.kafka_config import KafkaSecurity, add_arguments, from_args
+from rewardstream.kafka.config import KafkaSecurity, add_arguments, from_args
 from tests.tls import Certs, make_certs
 
 SECRET = "pw-KafkaConfig-7f3a91"

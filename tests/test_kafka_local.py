@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from rewardstream import kafka_local
+from rewardstream.kafka import local as kafka_local
 
 pytestmark = pytest.mark.kafka
 
@@ -58,7 +58,7 @@ def cli_env(tmp_path: Path, kafka_libs: Path) -> dict[str, str]:
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rewardstream.kafka_local", "kafka", *args],
+        [sys.executable, "-m", "rewardstream.kafka.local", "kafka", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -203,7 +203,7 @@ def test_each_state_folder_sees_and_stops_only_its_own_broker(
     project = tmp_path / "project"
     project.mkdir()
     status = subprocess.run(
-        [sys.executable, "-m", "rewardstream.kafka_local", "kafka", "status"],
+        [sys.executable, "-m", "rewardstream.kafka.local", "kafka", "status"],
         env=other,
         cwd=project,  # the default state folder: the project's .rewardstream/kafka
         capture_output=True,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardstream.processors.kernels import (
+from rewardstream.processors.core.kernels import (
     describe_groups,
     pairwise_sum,
     quantile_linear,

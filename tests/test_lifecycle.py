@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rewardstream.cli import main
-from rewardstream.contract import Topics
+from rewardstream.commands.cli import main
+from rewardstream.contract.events import Topics
 from tests.golden import assert_batch_files, generated_collection
 from tests.processes import Processor, Runs, make_topics
 
@@ -59,7 +59,7 @@ def test_a_pause_longer_than_the_old_idle_timeout_keeps_the_run_open(
     (live / inputs.name).write_bytes(inputs.read_bytes())
     lines = rollouts.read_bytes().splitlines(keepends=True)
     (live / "r.jsonl").write_bytes(b"".join(lines[:60]))
-    cmd = [sys.executable, "-m", "rewardstream.cli", "publish", "--follow", "--quiet"]
+    cmd = [sys.executable, "-m", "rewardstream.commands.cli", "publish", "--follow", "--quiet"]
     cmd += ["--inputs", str(live / inputs.name), "--rollouts", str(live / "r.jsonl")]
     cmd += ["--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--run-id", "slow"]
     publisher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -1,4 +1,4 @@
-"""Whole-run live summaries (:mod:`rewardstream.processors.live`): the summaries of a run's
+"""Whole-run live summaries (:mod:`rewardstream.processors.engine.live`): the summaries of a run's
 parts, merged, equal the summary of the run held in one part; they survive the member record's
 wire form; failed attempts are counted once each; the history stays bounded."""
 
@@ -12,8 +12,7 @@ import orjson
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rewardstream.contract import AttemptFailed, RunFinished, encode
-from rewardstream.engine_contract import (
+from rewardstream.contract.engine import (
     AgentProgress,
     FinalRecord,
     MemberRecord,
@@ -22,18 +21,19 @@ from rewardstream.engine_contract import (
     decode_member,
     encode_record,
 )
-from rewardstream.processors.inprocess import finish
-from rewardstream.processors.live import (
+from rewardstream.contract.events import AttemptFailed, RunFinished, encode
+from rewardstream.processors.core.profile import TOKEN_BINS
+from rewardstream.processors.engine.live import (
     AgentLive,
     History,
     final_agents,
     final_figures,
     of_state,
 )
-from rewardstream.processors.page import LiveView
-from rewardstream.processors.pipeline import Pipeline, RemoteUnit
-from rewardstream.processors.profile import TOKEN_BINS
-from rewardstream.processors.runs import FIGURES_EVERY, Counts, Done, merge_parts
+from rewardstream.processors.engine.pipeline import Pipeline, RemoteUnit
+from rewardstream.processors.engine.runs import FIGURES_EVERY, Counts, Done, merge_parts
+from rewardstream.processors.http.page import LiveView
+from rewardstream.processors.inprocess import finish
 from rewardstream.sinks.metrics import Metrics
 from tests.golden import file_events, generated_collection
 

@@ -17,11 +17,11 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rewardstream.contract import Rollout
-from rewardstream.kafka_local import free_port
-from rewardstream.processors.http import make_app, serve
-from rewardstream.processors.pipeline import Pipeline
-from rewardstream.processors.records import ResultRecord
+from rewardstream.contract.events import Rollout
+from rewardstream.kafka.local import free_port
+from rewardstream.processors.core.records import ResultRecord
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.http.server import make_app, serve
 from rewardstream.sinks.metrics import Metrics
 from tests.golden import GOLDEN, golden_cases, golden_events
 

@@ -19,7 +19,7 @@ from rewardstream.errors import InputError
 from rewardstream.gym_servers.aggregate import aggregate_metrics
 from rewardstream.gym_servers.datasets import prepare
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG, load_config
-from rewardstream.overrides import parse_overrides
+from rewardstream.infra.overrides import parse_overrides
 from tests.gym import POLICY, NgRun, fast, ng_run, read_jsonl
 from tests.nemo import nemo_ng_run, site_packages
 

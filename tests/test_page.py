@@ -28,14 +28,14 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from rewardstream.contract import RunFinished, Topics, encode
-from rewardstream.processors.page import HISTORY_EVERY
+from rewardstream.contract.events import RunFinished, Topics, encode
+from rewardstream.processors.http.page import HISTORY_EVERY
 from tests.golden import file_events, generated_collection
 from tests.processes import Processor, make_topics, run_detail, send_events, trickle
 
 pytestmark = pytest.mark.kafka
 DOCS = Path(__file__).parent.parent / "docs"
-CLI = [sys.executable, "-m", "rewardstream.cli"]
+CLI = [sys.executable, "-m", "rewardstream.commands.cli"]
 
 
 @pytest.fixture

@@ -14,18 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardstream.contract import Input, Rollout
-from rewardstream.processors import runs
-from rewardstream.processors.partwire import (
+from rewardstream.contract.events import Input, Rollout
+from rewardstream.processors.core.profile import build_profile
+from rewardstream.processors.core.records import extract_result
+from rewardstream.processors.engine import runs
+from rewardstream.processors.engine.partwire import (
     VERSION,
     PartFormatError,
     ReceivedPart,
     decode_parts,
     encode_parts,
 )
-from rewardstream.processors.profile import build_profile
-from rewardstream.processors.records import extract_result
-from rewardstream.processors.runs import Merged, Part, PartView, merge_parts
+from rewardstream.processors.engine.runs import Merged, Part, PartView, merge_parts
 from rewardstream.sinks.files import ProfilePaths, write_profile
 
 ME = {"group": "g", "run_id": "r"}

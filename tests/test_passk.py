@@ -12,10 +12,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardstream.processors.passk import key_metrics, pass_majority_metrics
-from rewardstream.processors.profile import build_profile
-from rewardstream.processors.records import NO_ANSWER, answer_id
-from rewardstream.processors.state import ProfileState
+from rewardstream.processors.core.passk import key_metrics, pass_majority_metrics
+from rewardstream.processors.core.profile import build_profile
+from rewardstream.processors.core.records import NO_ANSWER, answer_id
+from rewardstream.processors.core.state import ProfileState
 from tests import nemo_passk
 
 ANSWERS = st.one_of(st.none(), st.sampled_from(["1", "2", "x"]), st.integers(0, 2), st.booleans())

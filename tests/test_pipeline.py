@@ -9,10 +9,11 @@ import orjson
 import pytest
 
 from bench.generate import generate
+from rewardstream.contract.events import EventKind
+from rewardstream.processors.engine.pipeline import Pipeline, RemoteUnit
+from rewardstream.processors.engine.runs import Counts, Done
+from rewardstream.processors.http.snapshot import SnapshotJob
 from rewardstream.processors.inprocess import finish
-from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected, RemoteUnit
-from rewardstream.processors.runs import Counts, Done
-from rewardstream.processors.snapshot import SnapshotJob
 from rewardstream.producers.events import rollout_event
 from rewardstream.sinks.snapshot_wire import receive
 from tests.golden import (
@@ -97,9 +98,9 @@ def test_a_batch_of_inputs_with_one_to_reject_applies_nothing(tmp_path: Path) ->
     nested = b"[" * 300 + b"0" + b"]" * 300  # orjson reads it, but writes 254 levels at most
     deep = inputs[5].replace(b'"row":{', b'"row":{"x":%b,' % nested)
     no_key = inputs[1].replace(b'"_ng_task_index"', b'"_ng_task"')
-    rejected: list[Rejected] = []
     limit = max(map(len, inputs)) + 1000
-    with Pipeline(tmp_path / "out", rejected.append, max_event_bytes=limit) as pipeline:
+    with Pipeline(tmp_path / "out", max_event_bytes=limit) as pipeline:
+        rejected = pipeline.rejected
         for odd in (b"not json", b"", deep, no_key, inputs[2] + b" " * 4096, b"1,2"):
             assert pipeline.handle_inputs([inputs[0], odd], "input-0") is None
             assert "run" not in pipeline.runs
@@ -112,8 +113,8 @@ def test_a_batch_of_inputs_with_one_to_reject_applies_nothing(tmp_path: Path) ->
 
 
 def test_bad_events_are_rejected_with_reason(tmp_path: Path) -> None:
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path, on_reject=rejected.append) as pipeline:
+    with Pipeline(tmp_path) as pipeline:
+        rejected = pipeline.rejected
         assert pipeline.handle("rollout", b"not json") is None
         assert pipeline.handle("input", b'{"run_id":"r","line":0,"row":{}}') is None
         assert pipeline.handle("control", b'{"type":"run_started","run_id":"r"}') is None
@@ -141,8 +142,8 @@ def _feed(pipeline: Pipeline, events: list[tuple[EventKind, bytes]]) -> None:
 
 def test_a_done_run_keeps_its_counts_only_and_later_events_are_rejected(tmp_path: Path) -> None:
     events, out = _collection(tmp_path), tmp_path / "out"
-    rejected: list[Rejected] = []
-    with Pipeline(out, on_reject=rejected.append) as pipeline:
+    with Pipeline(out) as pipeline:
+        rejected = pipeline.rejected
         _feed(pipeline, events[:-1])
         run = pipeline.runs["run"]
         live, tasks = run.live(), run.tasks_complete()
@@ -173,8 +174,8 @@ def test_a_replay_skips_what_the_final_covers_and_rejects_what_came_after(tmp_pa
     whose final record is known are replays up to the record's cut, dead letters after it."""
     events = _collection(tmp_path)
     data = [(k, raw) for k, raw in events if k != "control"]
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path / "out", on_reject=rejected.append) as pipeline:
+    with Pipeline(tmp_path / "out") as pipeline:
+        rejected = pipeline.rejected
         units = {"input-0": 0, "rollout-0": 0}
         done = Done(120, 120, {}, {"input-0": 120, "rollout-0": 100}, "r")
         pipeline.mark_final("run", done)

@@ -23,8 +23,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from rewardstream.contract import (
+from rewardstream.contract.events import (
     REJECT_REASONS,
+    EventKind,
     RunFinished,
     RunStarted,
     Topics,
@@ -33,8 +34,7 @@ from rewardstream.contract import (
     encode_rollout,
     task_key,
 )
-from rewardstream.processors.pipeline import EventKind
-from rewardstream.processors.records import ResultRecord
+from rewardstream.processors.core.records import ResultRecord
 from rewardstream.processors.stream import DEAD_LETTER_CUT
 from tests.golden import assert_batch_files, file_events, generated_collection
 from tests.processes import Processor

@@ -11,9 +11,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardstream.processors import profile
-from rewardstream.processors.profile import _tokens, build_profile
-from rewardstream.processors.state import ProfileState
+from rewardstream.processors.core import profile
+from rewardstream.processors.core.profile import _tokens, build_profile
+from rewardstream.processors.core.state import ProfileState
 from tests.test_state import Rows, collections, state_of
 
 

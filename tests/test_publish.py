@@ -26,9 +26,8 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import rewardstream.producers.cli
-from rewardstream.batch import load_state
-from rewardstream.contract import (
+import rewardstream.commands.publish
+from rewardstream.contract.events import (
     ControlEvent,
     Input,
     Rollout,
@@ -43,12 +42,13 @@ from rewardstream.contract import (
     task_key,
 )
 from rewardstream.errors import InputError, InvalidRow, LineError
-from rewardstream.kafka_local import free_port
-from rewardstream.processors.records import extract_result
-from rewardstream.processors.state import row_key
-from rewardstream.producers.materialize import write_rows
-from rewardstream.producers.publish import PublishReport, publish_files
-from rewardstream.producers.run_id import default_run_id
+from rewardstream.kafka.local import free_port
+from rewardstream.processors.batch import load_state
+from rewardstream.processors.core.records import extract_result
+from rewardstream.processors.core.state import row_key
+from rewardstream.producers.gym.materialize import write_rows
+from rewardstream.producers.publisher.publish import PublishReport, publish_files
+from rewardstream.producers.publisher.run_id import default_run_id
 from tests.golden import GOLDEN
 from tests.processes import make_topics
 
@@ -218,7 +218,7 @@ async def test_an_event_above_the_topic_limit_names_its_line(
     shutil.copy(BLACKJACK / "example_rollouts.jsonl", rollouts)
     topics = Topics.for_prefix(unique_name("big"))
     await make_topics(kafka_bootstrap, topics, partitions=1)
-    cmd = [sys.executable, "-m", "rewardstream.cli", "publish", "--inputs", str(inputs)]
+    cmd = [sys.executable, "-m", "rewardstream.commands.cli", "publish", "--inputs", str(inputs)]
     cmd += ["--rollouts", str(rollouts), "--quiet"]
     cmd += ["--bootstrap", kafka_bootstrap, "--topic-prefix", topics.inputs.removesuffix(".inputs")]
     cmd += ["--follow", "--finish-when-idle", "1"] if follow else []
@@ -293,7 +293,7 @@ def test_cli_publish(
     kafka_bootstrap: str, unique_name: UniqueName, capsys: pytest.CaptureFixture[str]
 ) -> None:
     parser = argparse.ArgumentParser(prog="rewardstream")
-    rewardstream.producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    rewardstream.commands.publish.add_parser(parser.add_subparsers(dest="command", required=True))
     prefix = unique_name("cli")
     args = parser.parse_args(
         [
@@ -388,9 +388,9 @@ async def test_follow_tails_complete_lines_through_truncation_and_rotation(
 
 CLI_MAIN = """
 import argparse, sys
-import rewardstream.producers.cli
+import rewardstream.commands.publish
 parser = argparse.ArgumentParser(prog="rewardstream")
-rewardstream.producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+rewardstream.commands.publish.add_parser(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args(sys.argv[1:])
 sys.exit(args.func(args))
 """
@@ -527,7 +527,7 @@ async def test_cli_follow_finish_when_idle(
 
 def test_cli_errors_propagate(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser(prog="rewardstream")
-    rewardstream.producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    rewardstream.commands.publish.add_parser(parser.add_subparsers(dest="command", required=True))
     missing, rollouts = tmp_path / "missing.jsonl", tmp_path / "r.jsonl"
     argv = f"publish --inputs {missing} --rollouts {rollouts} --bootstrap 127.0.0.1:1"
     args = parser.parse_args(argv.split())
@@ -549,7 +549,7 @@ def test_cli_bad_follow_options_fail_before_anything(
     tmp_path: Path, options: list[str], message: str
 ) -> None:
     parser = argparse.ArgumentParser(prog="rewardstream")
-    rewardstream.producers.cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    rewardstream.commands.publish.add_parser(parser.add_subparsers(dest="command", required=True))
     inputs, rollouts = _two_files(tmp_path, "r")
     argv = f"publish --inputs {inputs} --rollouts {rollouts} --bootstrap 127.0.0.1:1".split()
     args = parser.parse_args([*argv, *options])

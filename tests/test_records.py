@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewardstream.errors import InvalidRow
-from rewardstream.processors import records
-from rewardstream.processors.records import extract_result, extract_result_reference
+from rewardstream.processors.core import records
+from rewardstream.processors.core.records import extract_result, extract_result_reference
 
 KEYS = st.sampled_from(
     [

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.generate import generate
-from rewardstream.cli import ng_reward_profile
-from rewardstream.contract import Topics
+from rewardstream.commands.cli import ng_reward_profile
+from rewardstream.contract.events import Topics
 from tests.golden import OUTPUT_SUFFIXES, file_events
 from tests.processes import Processor, Runs, committed, send_events
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rewardstream.contract import Input, Rollout
+from rewardstream.contract.events import Input, Rollout
 from rewardstream.errors import InvalidRow
-from rewardstream.processors.profile import build_profile
-from rewardstream.processors.records import extract_result
-from rewardstream.processors.runs import Part, Spill, merge_parts
+from rewardstream.processors.core.profile import build_profile
+from rewardstream.processors.core.records import extract_result
+from rewardstream.processors.engine.runs import Part, Spill, merge_parts
 from rewardstream.sinks.files import task_lines
 
 
@@ -51,7 +51,7 @@ def test_rollout_infos_moved_to_the_spill_come_back_in_the_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        "rewardstream.processors.runs._INFO_CHUNK", 200
+        "rewardstream.processors.engine.runs._INFO_CHUNK", 200
     )  # move them every few rollouts
     rows = [{"q": t, "_ng_task_index": t, "_ng_rollout_index": r} for t in range(5) for r in (0, 1)]
     inputs, held, spilled = Part(tmp_path / "in"), Part(tmp_path / "a"), Part(tmp_path / "b")

@@ -40,16 +40,16 @@ from aiohttp import ClientSession, web
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from rewardstream import kafka_local
-from rewardstream.cli import main
-from rewardstream.contract import Topics, task_key
+from rewardstream.commands.cli import main
+from rewardstream.contract.events import Topics, task_key
 from rewardstream.gym_servers.base import MAX_REQUEST_BYTES
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
-from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.kafka_local import free_port
-from rewardstream.processors.http import MAX_BODY_BYTES
-from rewardstream.sinks.profiles import ensure_topics
+from rewardstream.kafka import local as kafka_local
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.kafka.local import free_port
+from rewardstream.processors.http.server import MAX_BODY_BYTES
 from rewardstream.sinks.snapshot_wire import MEDIA_TYPE
+from rewardstream.sinks.topics.profiles import ensure_topics
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 from tests.gym import fast, write_problems
 from tests.processes import read_topic
@@ -182,7 +182,7 @@ class Stream(Child):
     ) -> None:
         host, _, port = http.rpartition(":")
         self.url = f"http://{host or '127.0.0.1'}:{port}"
-        args = ["-m", "rewardstream.cli", "stream", "--bootstrap", bootstrap]
+        args = ["-m", "rewardstream.commands.cli", "stream", "--bootstrap", bootstrap]
         args += ["--output-dir", str(out), "--topic-prefix", prefix, "--http", http]
         super().__init__([*args, "--checkpoint-every", "0.2"], folder, prefix, child_env(env))
 
@@ -595,7 +595,7 @@ async def test_gym_servers_bind_loopback_bound_bodies_and_never_show_the_api_key
             *(
                 sys.executable,
                 "-m",
-                "rewardstream.producers.collect",
+                "rewardstream.producers.gym.collect",
                 f"+input_jsonl_fpath={inputs}",
             ),
             *(f"+output_jsonl_fpath={output}", f"+head_server_url={head}", "+num_repeats=1"),
@@ -707,7 +707,7 @@ def test_publish_over_tls_and_stream_over_sasl_with_env_settings(
     rollouts = CASE.source / f"{CASE.stem}.jsonl"
     publish = Child(
         [
-            *("-m", "rewardstream.cli", "publish", "--inputs", str(inputs)),
+            *("-m", "rewardstream.commands.cli", "publish", "--inputs", str(inputs)),
             *("--rollouts", str(rollouts), "--bootstrap", secure_broker.tls),
             *("--topic-prefix", prefix, "--run-id", "secured", "--quiet"),
         ],
@@ -737,9 +737,9 @@ def test_refused_logins_and_tls_failures_are_one_clear_line(
     inputs = tmp_path / "r_materialized_inputs.jsonl"
     rollouts.write_text("")
     inputs.write_text("")
-    publish = ["-m", "rewardstream.cli", "publish", "--inputs", str(inputs)]
+    publish = ["-m", "rewardstream.commands.cli", "publish", "--inputs", str(inputs)]
     publish += ["--rollouts", str(rollouts), "--quiet", "--bootstrap"]
-    stream = ["-m", "rewardstream.cli", "stream", "--output-dir", str(tmp_path / "o")]
+    stream = ["-m", "rewardstream.commands.cli", "stream", "--output-dir", str(tmp_path / "o")]
     stream += ["--http", str(free_port()), "--bootstrap"]
     wrong = child_env(sasl_env(WRONG_PASSWORD))
     no_ca = child_env({"REWARDSTREAM_KAFKA_SECURITY_PROTOCOL": "SSL"})
@@ -779,7 +779,7 @@ def test_collector_live_publishing_and_demo_processor_through_sasl(
     out = tmp_path / "demo"
     demo = Child(
         [
-            *("-m", "rewardstream.cli", "demo", "--output-dir", str(out)),
+            *("-m", "rewardstream.commands.cli", "demo", "--output-dir", str(out)),
             *(
                 "--bootstrap",
                 secure_broker.sasl,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
-from rewardstream.kafka_local import free_port
+from rewardstream.kafka.local import free_port
 from tests.gym import POLICY, fast
 
 BIN = Path(sys.executable).parent

@@ -18,10 +18,11 @@ import orjson
 import pytest
 
 from bench.generate import generate
-from rewardstream.kafka_local import free_port
-from rewardstream.processors.http import make_app, serve
-from rewardstream.processors.pipeline import EventKind, Pipeline
-from rewardstream.processors.snapshot import SnapshotJob
+from rewardstream.contract.events import EventKind
+from rewardstream.kafka.local import free_port
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.http.server import make_app, serve
+from rewardstream.processors.http.snapshot import SnapshotJob
 from rewardstream.sinks.snapshot_wire import (
     CHUNK,
     MEDIA_TYPE,

@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 
 from bench.snapshot_storm import probing
-from rewardstream.cli import main
-from rewardstream.contract import Topics
-from rewardstream.processors.pipeline import EventKind
+from rewardstream.commands.cli import main
+from rewardstream.contract.events import EventKind, Topics
 from tests.golden import (
     assert_batch_files,
     file_events,
@@ -86,7 +85,16 @@ def test_a_frozen_peer_costs_a_503_naming_it_within_the_bound(
     )
     inputs, rollouts, _, _ = _feed_run(kafka_bootstrap, prefix, tmp_path, [a, b], 200, 150)
     mine, frozen = sorted(a.units()), sorted(b.units())
-    cmd = [sys.executable, "-m", "rewardstream.cli", "snapshot", "--url", a.url, "--run-id", "run"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rewardstream.commands.cli",
+        "snapshot",
+        "--url",
+        a.url,
+        "--run-id",
+        "run",
+    ]
     b.proc.send_signal(signal.SIGSTOP)
     try:
         started = time.monotonic()

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewardstream.errors import ProfileError
-from rewardstream.processors.profile import Profile, build_profile
-from rewardstream.processors.state import ProfileState
-from rewardstream.processors.welford import Moments, RunningStats
+from rewardstream.processors.core.profile import Profile, build_profile
+from rewardstream.processors.core.state import ProfileState
+from rewardstream.processors.core.welford import Moments, RunningStats
 
 Rows = list[dict[str, Any]]
 

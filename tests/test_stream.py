@@ -11,13 +11,12 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from rewardstream.cli import main, ng_reward_profile
-from rewardstream.contract import Topics, task_key
-from rewardstream.kafka_config import KafkaSecurity
-from rewardstream.kafka_local import free_port
-from rewardstream.processors.pipeline import EventKind
+from rewardstream.commands.cli import main, ng_reward_profile
+from rewardstream.contract.events import EventKind, Topics, task_key
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.kafka.local import free_port
 from rewardstream.processors.stream import StreamProcessor
-from rewardstream.sinks.profiles import ensure_topics
+from rewardstream.sinks.topics.profiles import ensure_topics
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 from tests.processes import read_topic
 

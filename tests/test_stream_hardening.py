@@ -16,15 +16,23 @@ from pathlib import Path
 
 import pytest
 
-from rewardstream.cli import main
-from rewardstream.contract import Topics
+from rewardstream.commands.cli import main
+from rewardstream.contract.events import Topics
 from rewardstream.processors.stream import StreamProcessor
 from tests.golden import assert_batch_files, file_events, generated_collection
 from tests.processes import Processor, make_topics, send_events
 
 
 def _stream(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "rewardstream.cli", "stream", "--bootstrap", bootstrap, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rewardstream.commands.cli",
+        "stream",
+        "--bootstrap",
+        bootstrap,
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -195,7 +203,7 @@ def test_members_starting_together_claim_one_output_dir(tmp_path: Path) -> None:
                 try:
                     member = StreamProcessor("127.0.0.1:9", out, state_dir=tmp_path / "s")
                     os.read(go, 1)  # all at once
-                    member._claim_output_dir()
+                    member.finals.claim_output_dir()
                     code = 0
                 finally:
                     os._exit(code)

@@ -19,11 +19,11 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from rewardstream import kafka_local
-from rewardstream.cli import main
-from rewardstream.contract import Topics
+from rewardstream.commands.cli import main
+from rewardstream.contract.events import Topics
 from rewardstream.errors import InputError
-from rewardstream.producers.live import KafkaSink
+from rewardstream.kafka import local as kafka_local
+from rewardstream.producers.publisher.live import KafkaSink
 from tests.golden import assert_batch_files, generated_collection
 from tests.processes import Processor, read_topic
 
@@ -223,7 +223,7 @@ def test_a_waiter_started_before_the_topics_exist_gets_the_final(
     client's metadata does not know (that waited out its whole timeout)."""
     prefix = unique_name("rs")
     out = tmp_path / "get"
-    argv = [sys.executable, "-m", "rewardstream.cli", "profiles", "get", "--bootstrap"]
+    argv = [sys.executable, "-m", "rewardstream.commands.cli", "profiles", "get", "--bootstrap"]
     argv += [kafka_bootstrap, "--topic-prefix", prefix, "--run-id", "run", "--out", str(out)]
     waiter = subprocess.Popen([*argv, "--timeout", "120"], stderr=subprocess.PIPE, text=True)
     try:

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Literal
 import orjson
 import pytest
 
-from rewardstream.contract import RunFinished, Topics, encode
+from rewardstream.contract.events import EventKind, RunFinished, Topics, encode
+from rewardstream.processors.core.state import ProfileState
+from rewardstream.processors.engine.live import AgentLive, of_state
+from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.inprocess import finish
-from rewardstream.processors.live import AgentLive, of_state
-from rewardstream.processors.pipeline import EventKind, Pipeline, Rejected
-from rewardstream.processors.state import ProfileState
 from tests.golden import (
     assert_batch_files,
     file_events,
@@ -39,7 +39,7 @@ from tests.test_poison import dead_letters, keyed, metrics, send
 from tests.test_snapshot import take
 
 if TYPE_CHECKING:
-    from rewardstream.processors.pipeline import Stray
+    from rewardstream.processors.engine.pipeline import Stray
 
 TASKS, REPEATS = 6, 3
 Where = Literal["task", "rollout"]  # a task index past the last, a rollout index past repeats
@@ -88,8 +88,8 @@ def test_a_foreign_rollout_is_parked_and_the_run_ends_with_the_batch_profile(
 ) -> None:
     events, batch = collection(tmp_path / "data")
     odd = foreign(events, where)
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path / "out", on_reject=rejected.append) as pipeline:
+    with Pipeline(tmp_path / "out") as pipeline:
+        rejected = pipeline.rejected
         for kind, raw in with_foreign(events, odd, when):
             run = pipeline.handle(kind, raw, unit_of(kind, raw))
             assert run is None or run.expected is None or run.rollouts <= run.expected
@@ -152,8 +152,8 @@ def test_rollouts_before_their_rows_wait_and_a_replay_parks_the_foreign_one_once
     # a real rollout is missing while the foreign one and every row are in: not complete
     order = [*started, ("rollout", odd), *rollouts, *rows]
     feed = offsets([*order, real_last])
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path / "a", on_reject=rejected.append) as first:
+    with Pipeline(tmp_path / "a") as first:
+        rejected = first.rejected
         parked = list(replayed(first, feed[: len(order)]))
         run = first.runs["run"]
         assert run.expected is not None and run.inputs == run.expected
@@ -165,8 +165,8 @@ def test_rollouts_before_their_rows_wait_and_a_replay_parks_the_foreign_one_once
         list(replayed(first, feed[len(order) :]))
         assert first.runs["run"].done
     assert_batch_files(tmp_path / "a" / "run", batch)
-    again: list[Rejected] = []
-    with Pipeline(tmp_path / "b", on_reject=again.append) as second:
+    with Pipeline(tmp_path / "b") as second:
+        again = second.rejected
         for name, held in committed.items():  # what the commit's metadata gives a new owner
             second.unit(name).parked |= held
         assert not list(replayed(second, feed)) and again == []
@@ -179,8 +179,8 @@ def test_a_rollout_before_its_row_is_held_uncounted_then_counts(tmp_path: Path) 
     rows = [e for e in events if e[0] == "input"]
     started = [e for e in events if e[0] == "control"]
     rollouts = [e for e in events if e[0] == "rollout"]
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path / "out", on_reject=rejected.append) as pipeline:
+    with Pipeline(tmp_path / "out") as pipeline:
+        rejected = pipeline.rejected
         for kind, raw in [*started, *rollouts]:
             pipeline.handle(kind, raw, unit_of(kind, raw))
         run = pipeline.runs["run"]
@@ -324,7 +324,7 @@ def test_live_figures_count_only_rollouts_with_their_row(tmp_path: Path, where: 
     rows = [e for e in events if e[0] == "input"]
     started = [e for e in events if e[0] == "control"]
     rollouts = [e for e in events if e[0] == "rollout"]
-    with Pipeline(tmp_path / "out", on_reject=lambda r: None) as pipeline:
+    with Pipeline(tmp_path / "out") as pipeline:
         steps = itertools.count(step=1000.0)  # every step past the figures' renewal time
         for kind, raw in [*started, ("rollout", odd), *rollouts, *rows[:-2]]:
             pipeline.handle(kind, raw, unit_of(kind, raw))
@@ -359,8 +359,8 @@ def test_a_snapshot_holds_the_rollouts_of_rows_come_and_never_a_foreign_one(
     ]
     row_task = [orjson.loads(raw)["row"]["_ng_task_index"] for _, raw in rows]
     early_rows = [i for i in range(len(rows)) if row_task[i] != late]
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path / "out", on_reject=rejected.append) as pipeline:
+    with Pipeline(tmp_path / "out") as pipeline:
+        rejected = pipeline.rejected
         fed = [*started, *(rows[i] for i in early_rows), odd[0], *(rollouts[i] for i in first)]
         for kind, raw in [*fed, odd[1]]:
             pipeline.handle(kind, raw)
@@ -404,16 +404,17 @@ def test_a_stale_copy_of_a_unit_never_parks_the_rollouts_its_final_holds(tmp_pat
     assert terminal is not None
     # the rows of input-1 but task 1's came after the zombie stopped, to the unit's new owner
     half = [e for e in rows if unit_of(*e) == "input-0" or b'"_ng_task_index":1,' in e[1]]
-    rejected: list[Rejected] = []
-    with Pipeline(tmp_path / "zombie", on_reject=rejected.append) as zombie:
+    with Pipeline(tmp_path / "zombie") as zombie:
+        rejected = zombie.rejected
         for kind, raw in [*started, *half, *rollouts]:
             zombie.handle(kind, raw, unit_of(kind, raw))
         held = zombie.runs["run"].parts["rollout-1"].unmatched
         assert len(held) == 2 * REPEATS  # tasks 3 and 5: waiting for rows that came elsewhere
         zombie.mark_final("run", terminal)
     assert rejected == [] and zombie.strays == []
-    parked: list[Rejected] = []  # the owner of a unit at the final parks a foreign rollout
-    with Pipeline(tmp_path / "foreign", on_reject=parked.append) as alone:
+    # the owner of a unit at the final parks a foreign rollout
+    with Pipeline(tmp_path / "foreign") as alone:
+        parked = alone.rejected
         for kind, raw in [*started, *rows, *rollouts, ("rollout", odd)]:
             alone.handle(kind, raw, unit_of(kind, raw))
         alone.mark_final("run", terminal)
@@ -442,8 +443,8 @@ def test_a_late_rollout_after_the_final_says_what_is_known_of_its_key(tmp_path: 
         ("dense", [*rows, *rollouts], rollouts[0][1], "is one of its rows"),
         ("sparse", [*rows[:gap], *rows[gap + 1 :], *others, finished], no_row, "may be no row"),
     ]:
-        rejected: list[Rejected] = []
-        with Pipeline(tmp_path / name, on_reject=rejected.append) as pipeline:
+        with Pipeline(tmp_path / name) as pipeline:
+            rejected = pipeline.rejected
             for kind, raw in [*(e for e in events if e[0] == "control"), *sent]:
                 run = pipeline.handle(kind, raw)
                 if run is not None:
@@ -453,8 +454,8 @@ def test_a_late_rollout_after_the_final_says_what_is_known_of_its_key(tmp_path: 
             terminal = pipeline.runs["run"].terminal
         assert [r.reason for r in rejected] == ["run-final"], name
         assert said in rejected[0].detail, (name, rejected[0].detail)
-        fresh: list[Rejected] = []  # a processor that learns of the final, holding no rows
-        with Pipeline(tmp_path / f"{name}-fresh", on_reject=fresh.append) as other:
+        with Pipeline(tmp_path / f"{name}-fresh") as other:
+            fresh = other.rejected  # a processor that learns of the final, holding no rows
             assert terminal is not None
             other.mark_final("run", terminal)
             other.handle("rollout", late)
@@ -471,9 +472,9 @@ def test_a_dead_letter_parked_again_after_kill_9_is_the_same_source(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A processor SIGKILLed right after a foreign rollout's dead letter is acknowledged and
-    before the commit that keeps its offset (the test hook of ``_park_strays``): its successor
-    parks it again, a copy with the same key and ``source``, which the chaos checker's count
-    (each source once) counts once; the run ends with the batch files."""
+    before the commit that keeps its offset (the test hook of ``DeadLetters.park_strays``): its
+    successor parks it again, a copy with the same key and ``source``, which the chaos checker's
+    count (each source once) counts once; the run ends with the batch files."""
     from bench.chaos import _reasons
     from rewardstream.processors.stream import KILL_AFTER_PARK
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from rewardstream.contract import Topics
+from rewardstream.contract.events import Topics
 from tests.golden import file_events, generated_collection
 from tests.processes import Processor, make_topics, run_detail, send_events, trickle
 
 pytestmark = pytest.mark.kafka
-CLI = [sys.executable, "-m", "rewardstream.cli"]
+CLI = [sys.executable, "-m", "rewardstream.commands.cli"]
 
 
 def _shows(text: str, detail: dict[str, Any]) -> bool:

@@ -86,11 +86,12 @@ def test_the_wheel_is_one_namespace_beside_look_alike_packages(
 ) -> None:
     bin_dir, env = installed
     probe = (
-        "import processors, sinks, rewardstream.processors.state as s, rewardstream.sinks.files;"
+        "import processors, sinks, rewardstream.processors.core.state as s;"
+        "import rewardstream.sinks.files;"
         "print(processors.WHO, sinks.WHO, s.__name__, sep='|')"
     )
     out = run([bin_dir / "python", "-c", probe], tmp_path, env)
-    expected = ["the other processors", "the other sinks", "rewardstream.processors.state"]
+    expected = ["the other processors", "the other sinks", "rewardstream.processors.core.state"]
     assert out.strip().split("|") == expected
     for script in ("rewardstream", "ng_reward_profile", "ng_run", "ng_collect_rollouts"):
         assert run([bin_dir / script, "--version"], tmp_path, env).startswith(script)

@@ -1,0 +1,168 @@
+"""Committed offsets: the data topics are the changelog, so the offset committed for a unit is
+where its state can be rebuilt from (:meth:`Pipeline.replay_start`), and the commit's metadata
+(JSON, :data:`COMMIT_FORMAT`) carries the position reached and the offsets already parked."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from aiokafka.errors import CommitFailedError, KafkaError
+
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.stream.dead_letters import DeadLetters
+from rewardstream.processors.stream.membership import Membership
+from rewardstream.processors.stream.units import Units
+
+__all__ = ["COMMIT_FORMAT", "Commits"]
+
+log = logging.getLogger(__package__)  # the processor's one logger: its lines keep their name
+
+COMMIT_FORMAT = 1  # version of the JSON in a committed offset's metadata
+# offset ranges of ``unknown-key`` dead letters a commit's metadata keeps at most (Kafka's
+# offset.metadata.max.bytes is 4096 by default); beyond, the oldest may be parked again
+_PARKED_RANGES = 100
+
+
+class Commits:
+    """Owns what is committed for each owned unit and when: the units moved since their last
+    commit, the new ones whose committed offset is not read yet, each unit's *floor* (the
+    position its last owner committed: nothing is committed below it) and the checkpoint
+    timer (every ``every`` seconds, and when idle)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        units: Units,
+        dead_letters: DeadLetters,
+        membership: Membership,
+        every: float,
+    ) -> None:
+        self.pipeline, self.units = pipeline, units
+        self.dead_letters, self.membership = dead_letters, membership
+        self.every = every
+        self.moved: set[str] = set()  # units consumed since their last commit
+        self.unplaced: set[str] = set()  # new units whose committed offset is not read yet
+        self._floor: dict[str, int] = {}  # unit -> the position its last owner committed
+        self._last = 0.0  # time.monotonic() of the last checkpoint (see start)
+
+    def start(self, now: float) -> None:
+        """The checkpoint timer counts from ``now`` (the consume loop's start)."""
+        self._last = now
+
+    async def checkpoint(self, now: float, idle: bool) -> None:
+        """Commit when idle or every :attr:`every` seconds."""
+        if idle or now - self._last >= self.every:
+            await self.commit()
+            self._last = now
+
+    async def commit(self, names: set[str] | None = None, force: bool = False) -> bool | None:
+        """Commit, for each owned unit consumed since its last commit (``force``: each named
+        one that has a position), where its state can be rebuilt from; not while rejected
+        events wait to be parked (a restart must meet them again): then None. False when the
+        group coordinator refused it: this processor lost its partitions meanwhile (a zombie,
+        paused past its session timeout), and nothing of it is rolled back."""
+        consumer = self.units.consumer
+        if consumer is None or self.dead_letters.pending:
+            return None
+        if force and names is not None:
+            todo = {
+                n for n in names if n in self.pipeline.units and self.pipeline.units[n].position
+            }
+        else:
+            todo = self.moved if names is None else self.moved & names
+        units, floor = self.pipeline.units, self._floor  # see place: never below the group's
+        todo = {
+            n
+            for n in todo
+            if n in units and n not in self.unplaced and units[n].position >= floor.get(n, 0)
+        }
+        offsets = {}
+        for name in todo:
+            unit, start = self.pipeline.units[name], self.pipeline.replay_start(name)
+            meta: dict[str, Any] = {"v": COMMIT_FORMAT, "position": unit.position}
+            unit.parked = {o for o in unit.parked if o >= start}  # a replay reads no other
+            if unit.parked:
+                meta["parked"] = _ranges(unit.parked, name)
+            offsets[self.units.tp(name)] = (start, orjson.dumps(meta).decode())
+        if not offsets:
+            return None
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            log.warning("offsets not committed (%s): the group has moved on", exc)
+            return False
+        self.moved -= todo
+        return True
+
+    async def place(self) -> None:
+        """A new unit is consumed from its committed offset: everything before it belongs to
+        runs that are closed, so that is its position until a record moves it (a partition
+        with no new record must not look unconsumed to a finished run's end offsets). The
+        position its last owner had reached (the commit's metadata) is its *floor*: until the
+        replay gets there, the unit commits nothing, so the group's position never goes back."""
+        consumer = self.units.consumer
+        assert consumer is not None
+        names = [n for n in self.unplaced if n in self.pipeline.units]
+        self.unplaced.clear()
+        coordinator = consumer._coordinator
+        tp = self.units.tp
+        committed = await coordinator.fetch_committed_offsets([tp(n) for n in names])
+        for name in names:
+            unit, got = self.pipeline.units.get(name), committed.get(tp(name))
+            if unit is None or got is None or got.offset < 0:
+                continue
+            self._floor[name] = _committed_position(got.metadata, got.offset)
+            unit.parked |= _committed_parked(got.metadata)
+            if got.offset > unit.position:
+                unit.position = got.offset
+                self.membership.changed = True
+
+
+def _committed_position(metadata: str, offset: int) -> int:
+    """The position in a commit's metadata (see :meth:`Commits.commit`); the offset itself for
+    a commit without one (another tool's)."""
+    try:
+        meta = orjson.loads(metadata or "{}")
+    except orjson.JSONDecodeError:
+        return offset
+    position = meta.get("position") if isinstance(meta, dict) else None
+    return position if type(position) is int and position >= offset else offset
+
+
+def _committed_parked(metadata: str) -> set[int]:
+    """The offsets of ``unknown-key`` dead letters in a commit's metadata (see
+    :meth:`Commits.commit`): ``[[first, last], ...]`` ranges."""
+    try:
+        meta = orjson.loads(metadata or "{}")
+    except orjson.JSONDecodeError:
+        return set()
+    ranges = meta.get("parked") if isinstance(meta, dict) else None
+    if not isinstance(ranges, list):
+        return set()
+    return {
+        o
+        for r in ranges
+        if isinstance(r, list) and len(r) == 2 and all(type(x) is int for x in r)
+        for o in range(r[0], min(r[1], r[0] + (1 << 20)) + 1)
+    }
+
+
+def _ranges(offsets: set[int], unit: str) -> list[list[int]]:
+    """Offsets as ``[first, last]`` ranges, the last :data:`_PARKED_RANGES` of them."""
+    ranges: list[list[int]] = []
+    for offset in sorted(offsets):
+        if ranges and ranges[-1][1] == offset - 1:
+            ranges[-1][1] = offset
+        else:
+            ranges.append([offset, offset])
+    if len(ranges) > _PARKED_RANGES:
+        log.warning(
+            "%s: %d ranges of unknown-key dead letters, more than a commit keeps: those before "
+            "offset %d may be parked again after a restart",
+            unit,
+            len(ranges),
+            ranges[-_PARKED_RANGES][0],
+        )
+    return ranges[-_PARKED_RANGES:]

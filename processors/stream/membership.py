@@ -1,0 +1,160 @@
+"""The members topic (``<prefix>.members``): each processor's record of what it owns (positions,
+counts and live summaries per run) and where it serves its parts; peers learn from it when a run
+is complete and whom to ask for a part."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka.errors import KafkaError
+
+from rewardstream.contract.engine import MemberRecord, UnitProgress, decode_member, encode_record
+from rewardstream.processors.engine.live import AgentLive
+from rewardstream.processors.engine.pipeline import Pipeline, RemoteUnit
+from rewardstream.processors.engine.runs import Counts
+from rewardstream.processors.stream.units import Units
+
+__all__ = ["Membership"]
+
+log = logging.getLogger(__package__)  # the processor's one logger: its lines keep their name
+
+_MEMBER_EVERY = 0.5  # seconds between member records while something changed
+_MEMBER_RENEW = 5.0  # and at least this often
+# above this a member record goes without its live summaries: Kafka's default message limit is
+# 1 MiB, and a record is ~0.5 KB per partition, open run and agent
+_MEMBER_LIVE_BYTES = 512 << 10
+
+
+class Membership:
+    """Owns this member's record (built from the pipeline, published while something changed,
+    a tombstone on leaving) and the group's records as heard: each unit's owner, and what the
+    peers hold, handed to the pipeline (:meth:`Pipeline.set_remote`)."""
+
+    def __init__(
+        self, pipeline: Pipeline, units: Units, topic: str, prefix: str, group_id: str, member: str
+    ) -> None:
+        self.pipeline, self.units, self.topic = pipeline, units, topic
+        self.prefix, self.group_id, self.member = prefix, group_id, member
+        self.url: str | None = None  # where this processor serves its parts, once it does
+        self.members: dict[str, MemberRecord] = {}  # the group's latest record per member
+        self.owners: dict[str, MemberRecord] = {}  # unit -> the member that owns it
+        self.changed = True  # something a member record says changed since the last one
+        self._live_dropped = False  # a record had to go without its live summaries
+
+    def identity(self) -> dict[str, str]:
+        """What a part request and a part must match: parts never cross groups or prefixes."""
+        return {"prefix": self.prefix, "group": self.group_id}
+
+    def record(self) -> MemberRecord:
+        units = {}
+        now = time.monotonic()
+        sharing = sum(  # every open part's figures, within one budget
+            part.final is None
+            for unit in self.pipeline.units.values()
+            for part in unit.parts.values()
+        )
+        for name, unit in self.pipeline.units.items():
+            held = {run_id: part for run_id, part in unit.parts.items() if part.final is None}
+            units[name] = UnitProgress(
+                position=unit.position,
+                runs={
+                    run_id: (part.inputs, part.rollouts, part.duplicates)
+                    for run_id, part in held.items()
+                },
+                live={
+                    run_id: {
+                        agent: s.to_wire() for agent, s in part.summary(now, True, sharing).items()
+                    }
+                    for run_id, part in held.items()
+                },
+            )
+        data = self.units.consumer
+        generation = data._coordinator.generation if data is not None else -1
+        return MemberRecord(
+            prefix=self.prefix,
+            group=self.group_id,
+            member=self.member,
+            generation=generation,
+            url=self.url,
+            units=units,
+            at=time.time(),
+        )
+
+    async def announce(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
+        """Publish this member's record while something changed (and now and then anyway)."""
+        last = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            if self.changed or now - last >= _MEMBER_RENEW:
+                self.changed = False
+                record = self.record()
+                raw = encode_record(record)
+                if len(raw) > _MEMBER_LIVE_BYTES:  # many runs and agents: counts only
+                    if not self._live_dropped:
+                        log.warning(
+                            "member record of %d bytes: its live summaries are left out (peers "
+                            "show only their own share of these runs)",
+                            len(raw),
+                        )
+                    self._live_dropped = True
+                    bare = {n: u.model_copy(update={"live": {}}) for n, u in record.units.items()}
+                    record = record.model_copy(update={"units": bare})
+                    raw = encode_record(record)
+                await producer.send(self.topic, raw, key=self.member.encode())
+                self.members[self.member] = record
+                last = now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _MEMBER_EVERY)
+
+    async def leave(self, producer: AIOKafkaProducer) -> None:
+        """A tombstone for this member's record: peers stop asking it for parts."""
+        if self.member in self.members:  # it announced itself
+            with contextlib.suppress(KafkaError):
+                await producer.send_and_wait(self.topic, None, key=self.member.encode())
+
+    async def tail(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=200)
+            self.heard([record for records in batch.values() for record in records])
+
+    def heard(self, records: list[ConsumerRecord]) -> None:
+        """Member records of this group (raises :class:`ForeignState` on one to refuse)."""
+        for record in records:
+            member = (record.key or b"").decode()
+            if record.value is None:
+                self.members.pop(member, None)
+                continue
+            decoded = decode_member(record.value, self.prefix)
+            if decoded.group == self.group_id:
+                self.members[member] = decoded
+        if records:
+            self._update_owners()
+
+    def _update_owners(self) -> None:
+        """Each unit's owner: the member that claims it in the newest generation (a member
+        paused past its session timeout still claims its old units, in an older one)."""
+        owners: dict[str, MemberRecord] = {}
+        for record in self.members.values():
+            for name in record.units:
+                held = owners.get(name)
+                if held is None or (record.generation, record.at) > (held.generation, held.at):
+                    owners[name] = record
+        self.owners = owners
+        self.pipeline.set_remote(
+            {
+                name: RemoteUnit(
+                    record.units[name].position,
+                    {r: Counts(*c) for r, c in record.units[name].runs.items()},
+                    {
+                        r: {agent: AgentLive.from_wire(p) for agent, p in agents.items()}
+                        for r, agents in record.units[name].live.items()
+                    },
+                )
+                for name, record in owners.items()
+                if record.member != self.member and name not in self.pipeline.units
+            }
+        )

@@ -1,0 +1,59 @@
+"""Waiting for a streamed run's final profile, for the producers that ended the run.
+
+``rewardstream publish --wait-profile`` and ``ng_collect_rollouts +kafka_wait_profile=true``
+write the processors' final files next to the rollouts file, where ``ng_reward_profile`` would
+put them: a NeMo Gym user finds the same files in the same place, already computed. Only the
+three profile files go there: a ``S_aggregate_metrics.json`` beside them is the collector's
+(from the agents), never replaced; ``rewardstream profiles get`` fetches the run's own.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from rewardstream.contract.engine import EngineTopics
+from rewardstream.contract.events import Topics
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.sinks.files import ProfilePaths
+from rewardstream.sinks.topics.content import FilesContent, refuse
+from rewardstream.sinks.topics.profiles import ensure_topics, fetch_profile
+
+__all__ = ["wait_profile"]
+
+
+async def wait_profile(
+    bootstrap: str,
+    topics: Topics,
+    group: str | None,
+    run_id: str,
+    out: Path,
+    timeout: float,
+    security: KafkaSecurity | None = None,
+    extras: bool = False,
+    of: tuple[FilesContent, str, str] | None = None,
+) -> ProfilePaths:
+    """The run's final profile, written into ``out`` (group default: ``<prefix>-profiler``);
+    its aggregate and difficulty files too with ``extras``. ``of``: (content, what, flag):
+    the final must be the profile of the files ``what`` names, of that content
+    (:func:`rewardstream.sinks.topics.content.files_content`), else it is refused, nothing
+    written (:class:`~rewardstream.sinks.topics.content.Conflict`, saying to pass ``flag``)."""
+    prefix = topics.control.removesuffix(".control")
+    security = security or KafkaSecurity.from_env()
+    await ensure_topics(bootstrap, security, topics)  # else it may wait on the wrong partition
+    accept = None
+    if of is not None:
+        content, what, flag = of
+        accept = functools.partial(refuse, content=content, what=what, flag=flag)
+    return await fetch_profile(
+        bootstrap,
+        security,
+        EngineTopics.of(topics),
+        prefix,
+        group or f"{prefix}-profiler",
+        run_id,
+        out,
+        timeout,
+        extras,
+        accept,
+    )
