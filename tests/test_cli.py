@@ -117,6 +117,23 @@ def test_missing_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("+quiet=maybe", "invalid configuration 'quiet': expected true or false, got 'maybe'"),
+        ("+quite=true", "invalid configuration 'quite': no such key (did you mean 'quiet'?)"),
+        ("+frobnicate=1", "invalid configuration 'frobnicate': no such key"),
+    ],
+)
+def test_a_bad_key_or_value_is_said_in_the_users_words(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str], override: str, line: str
+) -> None:
+    inputs, rollouts = files
+    argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
+    assert ng_reward_profile([*argv, override]) == 2
+    assert capsys.readouterr().err.strip() == f"ng_reward_profile: error: {line}"
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_output_folder(
     files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]

@@ -174,6 +174,21 @@ def test_agent_map_and_interleaving(tmp_path: Path) -> None:
             ["+agent_name=a", "+bogus=1"],
             ["invalid configuration 'bogus'"],
         ),
+        (
+            b'{"responses_create_params": {}}\n',
+            ["+agent_name=a", "+num_repeat=4"],
+            ["invalid configuration 'num_repeat': no such key (did you mean 'num_repeats'?)"],
+        ),
+        (
+            b'{"responses_create_params": {}}\n',
+            ["+agent_name=a", "+num_repeats=four"],
+            ["'num_repeats': expected a whole number or a mapping ({key: value}), got 'four'"],
+        ),
+        (
+            b'{"responses_create_params": {}}\n',
+            ["+agent_name=a", "+num_samples_in_parallel=1.5"],
+            ["'num_samples_in_parallel': expected a whole number, got 1.5"],
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(

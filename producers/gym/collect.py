@@ -74,6 +74,7 @@ from rewardstream.gym_servers.client import JsonClient
 from rewardstream.gym_servers.datasets import resolve_task_sources
 from rewardstream.gym_servers.environments import AGENTS, server_for_agent
 from rewardstream.infra.command import override_command, run_loop
+from rewardstream.infra.config_errors import config_error
 from rewardstream.infra.jsonl import parse_line
 from rewardstream.infra.overrides import parse_overrides
 from rewardstream.kafka.config import KafkaSecurity
@@ -1088,9 +1089,7 @@ def validated(model: type[_M], config: dict[str, Any]) -> _M:
     try:
         return model.model_validate(config)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "config"
-        raise InputError(f"invalid configuration {field!r}: {err['msg']}") from None
+        raise InputError(config_error(exc.errors(), model.model_fields)) from None
 
 
 def run(

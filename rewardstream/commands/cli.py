@@ -37,6 +37,7 @@ from rewardstream.infra.command import (
     run_guarded,
     run_loop,
 )
+from rewardstream.infra.config_errors import config_error
 from rewardstream.infra.jsonl import check_input_file
 from rewardstream.infra.overrides import parse_overrides
 from rewardstream.kafka import local as kafka_local
@@ -93,11 +94,7 @@ def _profile(
     try:
         cfg = ProfileConfig.model_validate(config)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        if not field:  # a rule across fields: its message says which
-            return fail(prog, str(err["ctx"]["error"]))
-        return fail(prog, f"invalid configuration {field!r}: {err['msg']}")
+        return fail(prog, config_error(exc.errors(), ProfileConfig.model_fields))
     check_input_file(cfg.materialized_inputs_jsonl_fpath, names[0])
     check_input_file(cfg.rollouts_jsonl_fpath, names[1])
     paths = ProfilePaths.next_to(cfg.rollouts_jsonl_fpath)
