@@ -53,12 +53,14 @@ class Criteria(NamedTuple):
 
 
 class Curated(NamedTuple):
-    """Per agent: tasks seen, tasks kept and the histogram of their mean rewards (the bins of
+    """Per agent: tasks seen, tasks kept, and histograms of the mean rewards of all scored
+    tasks and of the kept ones (the bins of
     :data:`~rewardstream.processors.core.difficulty.EDGES`, then below 0 and above 1)."""
 
     seen: dict[str, int]
     kept: dict[str, int]
     histogram: dict[str, list[int]]
+    kept_histogram: dict[str, list[int]]
     unscored: int  # rows without a numeric mean/reward: never kept
     written: int  # distinct tasks written
 
@@ -104,6 +106,7 @@ def curate(profile: Path, out: Path, criteria: Criteria) -> Curated:
     seen: dict[str, int] = {}
     kept: dict[str, int] = {}
     histogram: dict[str, list[int]] = {}
+    kept_histogram: dict[str, list[int]] = {}
     unscored = 0
     tasks: dict[Any, bytes] = {}
 
@@ -121,12 +124,13 @@ def curate(profile: Path, out: Path, criteria: Criteria) -> Curated:
         if not criteria.keeps(mean, _number(row.get("std/reward"))):
             continue
         kept[agent] = kept.get(agent, 0) + 1
+        kept_histogram.setdefault(agent, [0] * 12)[_bin(mean)] += 1
         sample = row["sample"]
         task = sample.get("_ng_task_index", line.lineno)
         if task not in tasks:
             plain = {k: v for k, v in sample.items() if k not in _INDEX_KEYS}
             tasks[task] = orjson.dumps(plain) + b"\n"
-    result = Curated(seen, kept, histogram, unscored, len(tasks))
+    result = Curated(seen, kept, histogram, kept_histogram, unscored, len(tasks))
     if not tasks:
         total = sum(seen.values())
         why = "no task row has a numeric mean/reward" if unscored == total else "none passes"
@@ -136,17 +140,21 @@ def curate(profile: Path, out: Path, criteria: Criteria) -> Curated:
 
 
 def report_lines(result: Curated) -> Iterator[str]:
-    """Per agent: kept of seen, and the mean-reward histogram (a collapsing set is a finding)."""
+    """Per agent: kept of seen, and the mean-reward histogram of the kept tasks beside all
+    scored ones (``#`` kept, ``.`` left out; a collapsing set is a finding)."""
     labels = [f"{EDGES[i]:.1f}-{EDGES[i + 1]:.1f}" for i in range(10)] + ["<0", ">1"]
     for agent in sorted(result.seen):
         name = agent or "(no agent)"
         kept, seen = result.kept.get(agent, 0), result.seen[agent]
         yield f"{name}: kept {kept} of {seen} tasks ({100.0 * kept / seen:.1f}%)"
-        counts = result.histogram.get(agent, [0] * 12)
-        top = max(counts) or 1
-        for label, n in zip(labels, counts, strict=True):
+        every = result.histogram.get(agent, [0] * 12)
+        chosen = result.kept_histogram.get(agent, [0] * 12)
+        top = max(every) or 1
+        yield f"  {'':19} {'kept':>7} {'of all':>7}  (# kept, . left out)"
+        for label, k, n in zip(labels, chosen, every, strict=True):
             if n or label[0].isdigit():
-                yield f"  mean reward {label:>7} {n:>7} {'#' * round(30 * n / top)}"
+                bar = "#" * round(30 * k / top) + "." * (round(30 * n / top) - round(30 * k / top))
+                yield f"  mean reward {label:>7} {k:>7} {n:>7}  {bar}".rstrip()
     if result.unscored:
         yield f"{result.unscored} task rows without a numeric mean/reward were left out"
     yield f"wrote {result.written} tasks"

@@ -325,6 +325,13 @@ def test_curate_keeps_the_band_once_per_task_in_order(
     assert kept == [{"question": "q1"}, {"question": "q2"}, {"question": "q3"}]  # no _ng_ keys
     printed = capsys.readouterr().out
     assert ": kept 3 of 5 tasks (60.0%)" in printed and "wrote 3 tasks" in printed
+    rows = {
+        line.split()[2]: line.split()[3:] for line in printed.splitlines() if "reward 0" in line
+    }
+    # the band keeps 1/4, 1/2, 3/4; 0 and 1 are shown beside them, left out
+    assert rows["0.0-0.1"] == ["0", "1", "." * 30] and rows["0.9-1.0"] == ["0", "1", "." * 30]
+    assert rows["0.2-0.3"] == ["1", "1", "#" * 30] and rows["0.7-0.8"] == ["1", "1", "#" * 30]
+    assert rows["0.5-0.6"] == ["1", "1", "#" * 30] and rows["0.3-0.4"] == ["0", "0"]
     assert main(["curate", str(tmp_path), "--min-std", "0.4", "--out", str(out)]) == 0
     kept = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert kept == [{"question": "q1"}, {"question": "q2"}, {"question": "q3"}]  # std 0.5-0.58
