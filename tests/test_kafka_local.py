@@ -168,10 +168,11 @@ def test_cli_start_twice_status_stop(cli_env: dict[str, str]) -> None:
     assert not workdir.exists()
     assert not (Path(cli_env["REWARDSTREAM_KAFKA_STATE_DIR"]) / "broker.json").exists()
 
+    here = f"not running (no broker recorded in {cli_env['REWARDSTREAM_KAFKA_STATE_DIR']})"
     status = cli(cli_env, "status")
-    assert (status.returncode, status.stdout.strip()) == (1, "not running")
+    assert (status.returncode, status.stdout.strip()) == (1, here)
     again = cli(cli_env, "stop")
-    assert (again.returncode, again.stdout.strip()) == (0, "not running")
+    assert (again.returncode, again.stdout.strip()) == (0, here)
 
 
 def test_cli_cleans_stale_state(cli_env: dict[str, str]) -> None:
@@ -184,10 +185,16 @@ def test_cli_cleans_stale_state(cli_env: dict[str, str]) -> None:
     (cache / "broker.json").write_text(json.dumps({**state, "started_at": "x"}))
 
     status = cli(cli_env, "status")
-    assert (status.returncode, status.stdout.strip()) == (1, "not running")
+    assert (status.returncode, status.stdout.strip()) == (
+        1,
+        f"not running (no broker recorded in {cache})",
+    )
     assert not (cache / "broker.json").exists() and not workdir.exists()
     stopped = cli(cli_env, "stop")
-    assert (stopped.returncode, stopped.stdout.strip()) == (0, "not running")
+    assert (stopped.returncode, stopped.stdout.strip()) == (
+        0,
+        f"not running (no broker recorded in {cache})",
+    )
 
 
 @pytest.mark.usefixtures("reap_leftover")
@@ -211,11 +218,23 @@ def test_each_state_folder_sees_and_stops_only_its_own_broker(
         timeout=60,
         check=False,
     )
-    assert (status.returncode, status.stdout.strip()) == (1, "not running")
+    default = project / ".rewardstream" / "kafka"
+    assert (status.returncode, status.stdout.strip()) == (
+        1,
+        f"not running (no broker recorded in {default})",
+    )
+    # ... and it says where the running one is recorded, with the command that sees it
+    owner = Path(cli_env["REWARDSTREAM_KAFKA_STATE_DIR"]).resolve()
+    pointer = f"pid(s) {pid['pid']}, recorded in {owner}: 'rewardstream kafka status --state-dir"
+    assert pointer in status.stderr, status.stderr
     assert not (project / ".rewardstream").exists()  # status looks, creates nothing
     elsewhere = ["--state-dir", str(tmp_path / "elsewhere")]
     stopped = cli(cli_env, "stop", *elsewhere)
-    assert (stopped.returncode, stopped.stdout.strip()) == (0, "not running")
+    assert (stopped.returncode, stopped.stdout.strip()) == (
+        0,
+        f"not running (no broker recorded in {tmp_path / 'elsewhere'})",
+    )
+    assert pointer in stopped.stderr, stopped.stderr
     assert not gone(pid["pid"], timeout=0)  # still running
     assert cli(cli_env, "status").returncode == 0
     assert cli(cli_env, "stop").returncode == 0

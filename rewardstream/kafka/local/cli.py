@@ -10,9 +10,11 @@ for development, recorded in a state folder (wired into ``rewardstream`` by :fun
   first``.
 * ``status``: ``running bootstrap=127.0.0.1:<port> pid=N`` (exit 0; a cluster prints ``pids=``),
   ``degraded bootstrap=... pids=... down=...`` (exit 2: part of a cluster died) or ``not
-  running`` (exit 1).
+  running (no broker recorded in DIR)`` (exit 1), with a line on stderr for each broker of
+  this package running elsewhere (another state folder's, named, or a test's).
 * ``stop``: SIGTERM, then after 30 s SIGKILL of each recorded broker's own process group; removes
-  the workdirs and the state file. Prints ``not running`` (exit 0) when nothing runs.
+  the workdirs and the state file. Prints ``not running (...)`` as ``status`` does (exit 0)
+  when the folder records nothing running.
 * ``fetch``: only download the jars and print the libs directory.
 """
 
@@ -29,6 +31,7 @@ from rewardstream.kafka.local.cluster import LocalCluster
 from rewardstream.kafka.local.errors import KafkaLocalError
 from rewardstream.kafka.local.jars import fetch_jars
 from rewardstream.kafka.local.state import (
+    brokers_elsewhere,
     is_our_broker,
     running_state,
     state_dir,
@@ -91,15 +94,28 @@ def _cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _not_running(folder: Path) -> None:
+    """Say that ``folder`` records no running broker, and where the ones running are."""
+    print(f"not running (no broker recorded in {folder})")
+    for other in brokers_elsewhere(folder):
+        pids = ",".join(map(str, other.pids))
+        if other.folder is None:
+            where = "not started by 'rewardstream kafka start' (a test's, or a LocalBroker)"
+        else:
+            shown = f"rewardstream kafka status --state-dir {other.folder}"
+            where = f"recorded in {other.folder}: '{shown}'"
+        print(f"a broker runs elsewhere, pid(s) {pids}, {where}", file=sys.stderr)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     folder = args.state_dir or state_dir()
     if not folder.exists():  # nothing recorded: nothing to create
-        print("not running")
+        _not_running(folder)
         return 1
     with state_lock(folder):
         state = running_state(folder)
     if state is None:
-        print("not running")
+        _not_running(folder)
         return 1
     if len(state.brokers) == 1:
         print(f"running bootstrap={state.bootstrap} pid={state.brokers[0].pid}")
@@ -119,7 +135,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     with state_lock(folder):
         state = stop_detached(folder)
     if state is None:
-        print("not running")
+        _not_running(folder)
     elif len(state.brokers) == 1:
         print(f"stopped pid={state.brokers[0].pid}")
     else:

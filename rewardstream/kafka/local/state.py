@@ -22,6 +22,7 @@ from rewardstream.kafka.local.errors import KafkaLocalError
 from rewardstream.kafka.local.process import (
     CLUSTER_STOP_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    WORKDIR_PREFIX,
     remove_workdir,
     terminate,
 )
@@ -29,6 +30,8 @@ from rewardstream.kafka.local.process import (
 __all__ = [
     "BrokerState",
     "ClusterState",
+    "Elsewhere",
+    "brokers_elsewhere",
     "is_our_broker",
     "read_state",
     "running_state",
@@ -47,6 +50,11 @@ def state_dir() -> Path:
     see and stop only the broker they started."""
     env = os.environ.get("REWARDSTREAM_KAFKA_STATE_DIR")
     return Path(env).expanduser() if env else Path.cwd() / ".rewardstream" / "kafka"
+
+
+# In a detached broker's workdir: the state folder that records it, so a ``status`` or ``stop``
+# run with another folder can say where to look.
+OWNER_FILE = "state-dir"
 
 
 def state_path(folder: Path) -> Path:
@@ -146,6 +154,42 @@ def write_state(state: ClusterState, folder: Path) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
     tmp.replace(path)
+    for broker in state.brokers:
+        (Path(broker.workdir) / OWNER_FILE).write_text(f"{folder.resolve()}\n")
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """Local brokers of this package running on this machine that a state folder does not
+    record: those of one other state folder (``folder``), or those no ``kafka start`` recorded
+    (``folder`` None: a test's, or a program's ``LocalBroker``)."""
+
+    folder: Path | None
+    pids: tuple[int, ...]
+
+
+def brokers_elsewhere(folder: Path) -> list[Elsewhere]:
+    """The JVMs running ``kafka.Kafka`` on a workdir of this package (``WORKDIR_PREFIX``) that
+    ``folder`` does not record, by the state folder recorded in their workdir (procfs only:
+    elsewhere, nothing is found)."""
+    mine = folder.resolve()
+    by_owner: dict[Path | None, list[int]] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            at = args.index(b"kafka.Kafka")
+            workdir = Path(os.fsdecode(args[at + 1])).parent
+            if not workdir.name.startswith(WORKDIR_PREFIX):
+                continue
+        except (OSError, ValueError, IndexError):  # gone, not a broker, or no properties
+            continue
+        try:
+            owner: Path | None = Path((workdir / OWNER_FILE).read_text().strip())
+        except OSError:
+            owner = None
+        if owner != mine:
+            by_owner.setdefault(owner, []).append(int(proc.name))
+    return [Elsewhere(owner, tuple(sorted(pids))) for owner, pids in by_owner.items()]
 
 
 def running_state(folder: Path) -> ClusterState | None:
