@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from rewardstream.commands.cli import main
-from rewardstream.contract.events import Topics
+from rewardstream.contract.events import RunStarted, Topics, encode
 from tests.golden import assert_batch_files, generated_collection
-from tests.processes import Processor, Runs, make_topics
+from tests.processes import Processor, Runs, make_topics, send_events
 
 pytestmark = pytest.mark.kafka
 
@@ -128,3 +128,28 @@ def test_a_member_with_no_partition_says_so(
         assert time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.2)
     assert "has more members than the data topics have partitions (1)" in log.read_text()
+
+
+def test_profiles_get_says_at_once_that_no_such_run_was_published_and_names_an_open_one(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A mistyped run id is said before the timeout, not after it as if the run were open; an
+    open run is named as one."""
+    prefix = unique_name("rs")
+    topics = Topics.for_prefix(prefix)
+    started = encode(RunStarted(run_id="open", expected_rollouts=4, output_stem="r"))
+    send_events(kafka_bootstrap, topics, [("control", started)], "open")
+    argv = ["profiles", "get", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix]
+    out = tmp_path / "get"
+    begun = time.monotonic()
+    assert main([*argv, "--run-id", "nope", "--out", str(out), "--timeout", "600"]) == 2
+    assert time.monotonic() - begun < 300  # long before the timeout, on any machine
+    err = capsys.readouterr().err
+    assert f"no run 'nope' under the topic prefix '{prefix}'" in err, err
+    assert main([*argv, "--run-id", "open", "--out", str(out), "--timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "run 'open' has no final profile yet" in err and "still open after 1 s" in err, err
+    assert not out.exists()

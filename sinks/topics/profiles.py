@@ -315,6 +315,11 @@ async def _wait_final(
         async for final in read_finals(consumer, topics.finals, prefix, group):
             if final.run_id == run_id:
                 return final  # the first one stands
+        if not await _announced(bootstrap, security, Topics.for_prefix(prefix).control, run_id):
+            raise InputError(
+                f"no run {run_id!r} under the topic prefix {prefix!r}: nothing was published "
+                "under that run id (rewardstream profiles list shows the runs with a final)"
+            )
         tp = TopicPartition(topics.finals, 0)
         while (left := deadline - time.monotonic()) > 0:
             batch = await consumer.getmany(tp, timeout_ms=max(1, int(min(left, 1.0) * 1000)))
@@ -323,7 +328,23 @@ async def _wait_final(
                     return final
     finally:
         await consumer.stop()
-    raise InputError(f"no final profile of run {run_id!r} (group {group!r}) within {timeout:g}s")
+    raise InputError(
+        f"run {run_id!r} has no final profile yet (group {group!r}): it was still open after "
+        f"{timeout:g} s of waiting"
+    )
+
+
+async def _announced(bootstrap: str, security: KafkaSecurity, control: str, run_id: str) -> bool:
+    """Whether the control topic holds an event of ``run_id`` (its events are keyed by it):
+    a run id nobody published is said at once, not after a wait for a final that cannot
+    come."""
+    consumer = reader(bootstrap, security)
+    await start_client(consumer, bootstrap, security)
+    try:
+        key = run_id.encode()
+        return any([record.key == key async for record in read_to_end(consumer, control)])
+    finally:
+        await consumer.stop()
 
 
 async def _read_files(
