@@ -403,6 +403,32 @@ def test_replay_refuses_a_device_at_an_output_without_reading_it(tmp_path: Path)
 
 
 @pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["snapshoot"], "(did you mean 'snapshot'?)"),
+        (["profiles", "gett"], "(did you mean 'get'?)"),
+        (["kafka", "stat"], "(did you mean 'start' or 'status'?)"),
+        (["profile", "--quite"], "unrecognized arguments: --quite (did you mean '--quiet'?)"),
+        (
+            ["replay", "--in", "i", "--output_dir", "o", "--rollout", "r", "--snapshot-timeout"],
+            "(did you mean '--output-dir'?)",  # replay has no --snapshot-timeout: no guess
+        ),
+        (["profile", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+    ids=lambda a: " ".join(a[:2]) if isinstance(a, list) else "",
+)
+def test_a_mistyped_command_or_flag_gets_the_closest_known_one(argv: list[str], hint: str) -> None:
+    """argparse lists every choice, or says only "unrecognized"; the line ends with a guess
+    (none when nothing is close)."""
+    proc = run([*CLI, *argv], timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.endswith(hint), last
+    if "frobnicate" in hint:
+        assert "did you mean" not in last
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["replay", "--inputs", "{i}", "--rollouts", "{r}", "--output-dir", "{file}"],

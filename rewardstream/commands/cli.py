@@ -38,6 +38,7 @@ from rewardstream.infra.command import (
     run_loop,
 )
 from rewardstream.infra.config_errors import config_error
+from rewardstream.infra.guiding_parser import GuidingParser
 from rewardstream.infra.jsonl import check_input_file
 from rewardstream.infra.overrides import parse_overrides
 from rewardstream.kafka import local as kafka_local
@@ -431,7 +432,7 @@ class _VersionAction(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = GuidingParser(  # subparsers are GuidingParsers too
         prog="rewardstream", description="Streaming reward profiler for LLM RL rollouts."
     )
     parser.add_argument("--version", action=_VersionAction)

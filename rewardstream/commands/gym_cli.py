@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from rewardstream.infra.command import package_version
+from rewardstream.infra.guiding_parser import GuidingParser
 
 __all__ = ["main"]
 
@@ -107,7 +108,7 @@ _COMMANDS: dict[tuple[str, str], tuple[str, tuple[_Flag, ...], Callable[[list[st
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = GuidingParser(  # subparsers are GuidingParsers too
         prog="gym", description=__doc__.splitlines()[0].replace("``", "")
     )
     parser.add_argument("--version", action="version", version=f"gym {package_version()}")
