@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 system-deps:
-	bash .ci/system-deps
+	VENV=$(VENV) bash .ci/system-deps
 
 kafka-jars: install system-deps
 	$(BIN)/rewardstream kafka fetch
@@ -37,7 +37,9 @@ lint: install
 unit: install
 	$(BIN)/pytest -q -m "not kafka"
 
+# .venv/tools first on PATH: the Prometheus binaries .ci/system-deps takes out of Debian's package
 test: kafka-jars nemo-reference lint
+	PATH=$(CURDIR)/$(VENV)/tools:$$PATH \
 	NEMO_GYM_PYTHON=$$([ -x $(NEMO_PY) ] && echo $(CURDIR)/$(NEMO_PY)) $(BIN)/pytest -q
 
 demo: install
