@@ -50,7 +50,12 @@ def run(inputs: Path, rollouts: Path, *extra: str) -> int:
         ),
         (b"[1,2]\n", "{p} line 1: expected a JSON object"),
         (b"\xff\xfe\n", "Malformed JSON in '{p}' at line 1: str is not valid UTF-8"),
-        (RESULT + RESULT, "ValueError: Duplicate result row for rollout key (0, 0)"),
+        (
+            RESULT + RESULT,
+            "ValueError: Duplicate result row for rollout key (0, 0). A (task, rollout) key names"
+            " one rollout of one task: shards of one collection must number their tasks across the"
+            " whole dataset (give every dataset row its _ng_task_index before splitting it",
+        ),
         (
             RESULT + b'{"reward":1,"_ng_task_index":5,"_ng_rollout_index":0}\n',
             "ValueError: Rollout results contain rows with no matching materialized input rows",

@@ -23,6 +23,7 @@ from rewardstream.infra.command import SIGPIPE_EXIT
 from rewardstream.kafka.local import free_port
 from rewardstream.kafka.options import normalize_bootstrap
 from rewardstream.processors.batch import ProfileConfig
+from rewardstream.producers.gym.aggregate_rollouts import AggregateConfig
 from rewardstream.producers.gym.collect import CollectConfig
 from tests.golden import golden_cases
 
@@ -306,6 +307,17 @@ def test_ng_collect_rollouts_help_lists_every_key_and_marks_the_required_ones() 
         assert ("(required)" in lines[name]) == field.is_required(), name
     assert "(required)" not in lines["agent_name"]
     assert "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS" in proc.stdout and "--version" in proc.stdout
+
+
+def test_ng_aggregate_rollouts_help_lists_every_key_and_how_to_shard() -> None:
+    proc = run([script("ng_aggregate_rollouts"), "--help"])
+    assert proc.returncode == 0
+    lines = _override_lines(proc.stdout)
+    for name, field in AggregateConfig.model_fields.items():
+        assert lines.get(name), f"+{name} is not in ng_aggregate_rollouts --help"
+        assert ("(required)" in lines[name]) == field.is_required(), name
+    assert "``" not in proc.stdout and ":func:" not in proc.stdout  # no reST markup
+    assert "_ng_task_index" in proc.stdout and "--version" in proc.stdout
 
 
 def test_ng_run_help_lists_every_key_it_reads() -> None:

@@ -50,6 +50,12 @@ __all__ = [
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 _STATS = ("mean", "max", "min", "median", "std")
+# After 0.7.0's words for a duplicate key: the usual cause, files of shards put together.
+_SHARDS_HINT = (
+    "A (task, rollout) key names one rollout of one task: shards of one collection must number "
+    "their tasks across the whole dataset (give every dataset row its _ng_task_index before "
+    "splitting it; rows without one are numbered from 0 in each shard)"
+)
 _NO_ACROSS_SUFFIXES = (
     *("/max", "/min", "/median", "/p5", "/p25", "/p75", "/p95", "/ci_low_95", "/ci_high_95"),
     *("/ci_lower", "/ci_upper", "_ci_lower", "_ci_upper", "_ci95_lower", "_ci95_upper"),
@@ -271,7 +277,9 @@ def _align(state: ProfileState, inputs: _Inputs, allow_partial: bool) -> _Keys:
     for counts, what in ((c_in, "materialized input"), (c_res, "result")):
         dup = np.flatnonzero(counts > 1)
         if len(dup):
-            raise ProfileError(f"Duplicate {what} row for rollout key {keys(dup)[1:-1]}")
+            raise ProfileError(
+                f"Duplicate {what} row for rollout key {keys(dup)[1:-1]}. " + _SHARDS_HINT
+            )
     extra = np.flatnonzero((c_res > 0) & (c_in == 0))
     if len(extra):
         raise ProfileError(

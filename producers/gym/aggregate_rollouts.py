@@ -402,8 +402,43 @@ async def aggregate(cfg: AggregateConfig) -> tuple[Path | None, Path, str]:
     return (output if cfg.merge_shards else None), metrics, zeros.coverage(len(scored), dropped)
 
 
+_USAGE = """\
+usage: ng_aggregate_rollouts +input_glob='out/r-*.jsonl' +output_jsonl_fpath=out/r.jsonl \
+[+key=value ...]
+
+Merge the shards of one collection (each collected with +disable_aggregation=true) into one
+rollouts file, sorted by task and rollout, and write its _aggregate_metrics.json, as NeMo Gym
+0.7.0's gym eval aggregate does; both files are written together or not at all.
+
+Shards of one collection: split the dataset after numbering it, so that every row carries its
+task's _ng_task_index from the whole dataset (a shard numbers the rows without one from 0, and
+two shards would then share keys); give each shard its own output file.
+
+overrides (+key=value, ++key=value or key=value):
+  +input_glob=GLOB[,GLOB]                (required) the shards' rollouts files (sorted; each once;
+                                         *_failures and *_materialized_inputs skipped)
+  +output_jsonl_fpath=PATH               (required) the merged file; never one of the shards
+  +merge_shards=BOOL                     write the merged file (true); false: the metrics only
+  +aggregate_with_servers=BOOL           ask each agent's environment server for its metrics, as
+                                         0.7.0 does (false: computed here, equal by default)
+  +head_server_url=URL                   the head server, for aggregate_with_servers
+  +head_server.host=HOST                 the same as host and port (+head_server.port=P)
+  +agent_url=URL                         one agent server for every agent
+  +count_failure_classes_as_zero=[A,B]   failed attempts of these classes count as reward 0
+                                         (e.g. [agent_run_error]; each shard's _failures.jsonl)
+  +count_missing_rollouts_as_zero=BOOL   rollouts never written count as reward 0 (false)
+  +config_paths=[A,B]                    accepted as 0.7.0 does; not needed here
+  +disable_health_check=BOOL             accepted; 0.7.0's health reports are not written here
+  +health_check_workers=N                accepted, as above
+  +health_check_ignored_checks=[A,B]     accepted, as above
+
+options:
+  -h, --help                             show this help and exit
+  --version                              show the version and exit"""
+
+
 def _usage() -> str:
-    return __doc__ or ""
+    return _USAGE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
