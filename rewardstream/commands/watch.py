@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from rich.console import Console, Group
@@ -69,45 +70,136 @@ def _failed(run: dict[str, Any]) -> str:
     return str(count) if rate is None else f"{count} ({100 * rate:.1f}%)"
 
 
-def render(runs: list[dict[str, Any]], rates: dict[str, float | None], caption: str) -> Group:
-    """The runs table and, per run, its agents' table."""
-    overview = Table(title="rewardstream runs", caption=caption, expand=False)
-    columns = ("run", "state", "rollouts", "expected", "rate/s", "ETA", "failed", "dup. dropped")
-    for column in columns:
-        overview.add_column(column, justify="left" if column in ("run", "state") else "right")
-    parts: list[Table] = [overview]
+class _Column(NamedTuple):
+    name: str
+    drop: int  # 0: always shown; higher numbers go first when the terminal is narrow
+
+
+# What a user needs at any width (rollouts, mean, std, pass@1, state) has drop 0.
+_RUN_COLUMNS = (
+    _Column("run", 0),
+    _Column("state", 0),
+    _Column("rollouts", 0),
+    _Column("expected", 2),
+    _Column("rate/s", 1),
+    _Column("ETA", 1),
+    _Column("failed", 3),
+    _Column("dup. dropped", 4),
+)
+_AGENT_COLUMNS = (
+    _Column("agent", 0),
+    _Column("rollouts", 0),
+    _Column("mean", 0),
+    _Column("std", 0),
+    _Column("pass@1", 0),
+    _Column("min", 2),
+    _Column("max", 2),
+    _Column("zero-var", 3),
+    _Column("pass@k", 1),
+)
+
+
+def _table(
+    columns: tuple[_Column, ...],
+    rows: Sequence[tuple[str, ...]],
+    keep: list[int],
+    first_width: int | None,
+    table: dict[str, Any],
+) -> Table:
+    """The ``keep`` columns of ``rows``: figures at their full width, the first (a name, cut
+    with an ellipsis) at most ``first_width``."""
+    built = Table(expand=False, **table)
+    for i in keep:
+        name = columns[i].name
+        widest = max([len(name), *(len(row[i]) for row in rows)])
+        built.add_column(
+            name,
+            justify="left" if i == 0 or name == "state" else "right",
+            no_wrap=True,
+            overflow="ellipsis" if i == 0 else "fold",
+            min_width=None if i == 0 else widest,
+            max_width=first_width if i == 0 else None,
+        )
+    for row in rows:
+        built.add_row(*(row[i] for i in keep))
+    return built
+
+
+def _fitted(
+    console: Console,
+    columns: tuple[_Column, ...],
+    rows: Sequence[tuple[str, ...]],
+    **table: Any,
+) -> Table:
+    """A table of ``rows`` with the columns that fit the console: the highest ``drop`` first
+    (the last of equals first) until it fits, then the first column (names) narrowed; figures
+    are never cut."""
+    keep = list(range(len(columns)))
+    by_drop = sorted(keep, key=lambda i: (columns[i].drop, i), reverse=True)
+    wide = console.options.update_width(10_000)
+    while True:
+        built = _table(columns, rows, keep, None, table)
+        natural = console.measure(built, options=wide).maximum
+        dropped = next((i for i in by_drop if i in keep and columns[i].drop > 0), None)
+        if natural <= console.width:
+            return built
+        if dropped is None:
+            names = max([len(columns[0].name), *(len(row[0]) for row in rows)])
+            return _table(columns, rows, keep, max(6, names - (natural - console.width)), table)
+        keep.remove(dropped)
+
+
+def _pass_at_1(passes: dict[str, Any]) -> str:
+    value = passes.get("1")
+    return "-" if value is None else f"{value:.1f}"
+
+
+def render(
+    runs: list[dict[str, Any]],
+    rates: dict[str, float | None],
+    caption: str,
+    console: Console | None = None,
+) -> Group:
+    """The runs table and, per run, its agents' table, with the columns that fit
+    ``console``'s width (:func:`_fitted`)."""
+    console = console or Console(width=200)
+    rows = []
     for run in runs:
         rate = 0.0 if run["state"] == "stalled" else rates.get(run["run_id"])
-        overview.add_row(
-            run["run_id"],
-            _state(run),
-            str(run["rollouts"]),
-            str(run.get("expected_rollouts") or "-"),
-            "-" if rate is None else f"{rate:,.0f}",
-            _eta(run, rate),
-            _failed(run),
-            str(run.get("duplicates_dropped", 0)),
-        )
-        agents = Table(title=f"{run['run_id']}: agents", expand=False)
-        for column in ("agent", "rollouts", "mean", "std", "min", "max", "zero-var", "pass@k"):
-            agents.add_column(
-                column, justify="left" if column == "agent" else "right", no_wrap=True
+        rows.append(
+            (
+                run["run_id"],
+                _state(run),
+                str(run["rollouts"]),
+                str(run.get("expected_rollouts") or "-"),
+                "-" if rate is None else f"{rate:,.0f}",
+                _eta(run, rate),
+                _failed(run),
+                str(run.get("duplicates_dropped", 0)),
             )
+        )
+    overview = _fitted(console, _RUN_COLUMNS, rows, title="rewardstream runs", caption=caption)
+    parts: list[Table] = [overview]
+    for run in runs:
+        agents = []
         for name, agent in run.get("agents", {}).items():
             reward = agent.get("reward") or {}
             tasks = agent.get("tasks") or {}
             passes = agent.get("pass_at_k") or {}
-            agents.add_row(
-                name,
-                str(agent["rollouts"]),
-                _num(reward.get("mean")),
-                _num(reward.get("std")),
-                _num(reward.get("min")),
-                _num(reward.get("max")),
-                _num(tasks.get("zero_variance_share"), 3),
-                " ".join(f"@{k}={v:.1f}" for k, v in passes.items()),
+            agents.append(
+                (
+                    name,
+                    str(agent["rollouts"]),
+                    _num(reward.get("mean")),
+                    _num(reward.get("std")),
+                    _pass_at_1(passes),
+                    _num(reward.get("min")),
+                    _num(reward.get("max")),
+                    _num(tasks.get("zero_variance_share"), 3),
+                    " ".join(f"@{k}={v:.1f}" for k, v in passes.items()),
+                )
             )
-        parts.append(agents)
+        parts.append(_fitted(console, _AGENT_COLUMNS, agents, title=f"{run['run_id']}: agents"))
     return Group(*parts)
 
 
@@ -141,7 +233,8 @@ def watch(
                 rates[run["run_id"]] = (run["rollouts"] - before.rollouts) / (now - before.at)
             seen[run["run_id"]] = _Seen(now, run["rollouts"])
         stamp = time.strftime("%H:%M:%S")
-        return render(runs, rates, f"{url}, {stamp}, every {interval:g} s (Ctrl-C to stop)")
+        caption = f"{url}, {stamp}, every {interval:g} s (Ctrl-C to stop)"
+        return render(runs, rates, caption, console)
 
     if once:
         try:
