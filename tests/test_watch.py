@@ -76,17 +76,18 @@ def test_watch_shows_the_run_and_follows_it(
 
 
 @contextlib.contextmanager
-def _watching(url: str, run_id: str, socket: str) -> Iterator[Callable[[], str]]:
-    """``rewardstream watch`` of one run live in a detached tmux session (200 columns);
-    yields what its screen shows now."""
+def _watching(
+    url: str, run_id: str, socket: str, size: tuple[int, int] = (200, 60)
+) -> Iterator[Callable[[], str]]:
+    """``rewardstream watch`` of one run live in a detached tmux session of ``size`` (columns,
+    lines); yields what its screen shows now."""
     tmux = shutil.which("tmux")
     assert tmux is not None, "tmux is needed (.ci/system-deps)"
     server = [tmux, "-L", socket]
     watch = [*CLI, "watch", "--url", url, "--run-id", run_id, "--interval", "0.5"]
-    command = " ".join(["env", "COLUMNS=200", *watch])  # a detached session is 80 wide
-    subprocess.run(
-        [*server, "new-session", "-d", "-s", "w", "-x", "200", "-y", "60", command], check=True
-    )
+    command = " ".join(["env", f"COLUMNS={size[0]}", f"LINES={size[1]}", *watch])
+    x, y = str(size[0]), str(size[1])
+    subprocess.run([*server, "new-session", "-d", "-s", "w", "-x", x, "-y", y, command], check=True)
 
     def screen() -> str:
         return subprocess.run(
@@ -97,6 +98,43 @@ def _watching(url: str, run_id: str, socket: str) -> Iterator[Callable[[], str]]
         yield screen
     finally:
         subprocess.run([*server, "kill-server"], check=False)
+
+
+def test_watch_in_an_80x24_terminal_shows_every_needed_figure_whole(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """An SSH terminal's size: the run's state and rollouts, each agent's rollouts, mean, std
+    and pass@1 are on the screen, none cut to an ellipsis."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=100, repeats=4, seed=12)
+    prefix = unique_name("watch")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
+    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / "processor.log")
+    processors.append(p)
+    send_events(kafka_bootstrap, topics, file_events(inputs, rollouts, "n", "r", False), "n")
+    p.wait(lambda runs: runs.get("n", {}).get("rollouts") == 400)
+    detail = run_detail(p.url, "n")
+    with _watching(p.url, "n", unique_name("rs"), size=(80, 24)) as screen:
+        deadline = time.monotonic() + 30
+        while not _shows(text := screen(), detail):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.3)
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), text
+    assert _row(text, "n")[1] in ("open", "finished", "final"), text
+    for name, agent in detail["agents"].items():
+        row = next(line for line in lines if line.strip("│ ").startswith(name))
+        cells = [cell.strip() for cell in row.split("│")[1:-1]]
+        reward = agent["reward"]
+        assert cells[1:4] == [
+            str(agent["rollouts"]),
+            f"{reward['mean']:.4f}",
+            f"{reward['std']:.4f}",
+        ]
+        assert not any("…" in cell for cell in cells[1:]), row
 
 
 def _row(screen: str, run_id: str) -> list[str]:
