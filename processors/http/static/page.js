@@ -11,6 +11,7 @@ let source = null;     // the EventSource
 let timeline = [];     // the selected run's history points, oldest first
 let charts = {};       // uPlot instances by name
 let chartKey = "";     // the agents (and ks) the charts were built for
+let kRange = [1, 2];   // pass@k's x axis: from the smallest k to the largest
 
 function fmt(value, digits = 4) {
   return value === null || value === undefined ? "-" : Number(value).toFixed(digits);
@@ -59,7 +60,7 @@ function renderRuns(runs) {
     bar.className = "bar";
     bar.innerHTML = `<div style="width:${(100 * share).toFixed(1)}%"></div>`;
     cell(row, "", "progress", share, false).append(bar);
-    cell(row, run.rate === null ? "-" : run.rate.toFixed(0), "rate", run.rate);
+    cell(row, run.rate === null ? "-" : run.rate.toFixed(run.rate < 10 ? 1 : 0), "rate", run.rate);
     cell(row, duration(run.eta_seconds), "eta", run.eta_seconds);
     cell(row, failed(run.failed_attempts, run.failure_rate), "failed", run.failed_attempts);
     cell(row, run.duplicates_dropped, "duplicates", run.duplicates_dropped);
@@ -106,11 +107,56 @@ function renderRun(run) {
   drawCharts(run);
 }
 
-function chart(name, opts, data) {
+// -- axes that read right at any size and any age of a run ------------------------------------
+const pad2 = (n) => String(n).padStart(2, "0");
+
+// The decimals of the tick increment itself, so each label is its tick's value (0.2975, not
+// 0.298; 0.25 steps keep two).
+function decimals(incr) {
+  let digits = 0;
+  while (digits < 8 && Math.abs(incr * 10 ** digits - Math.round(incr * 10 ** digits)) > 1e-6) {
+    digits += 1;
+  }
+  return digits;
+}
+
+function numberLabels(u, splits, axisIdx, space, incr) {
+  const digits = decimals(incr);
+  return splits.map((v) => v === null ? null : Number(v).toLocaleString("en-US", {
+    minimumFractionDigits: digits, maximumFractionDigits: digits }));
+}
+
+// 24-hour local times, seconds only when ticks are under a minute apart, the date only when the
+// axis spans more than a day: "12:09:30", "12:10", "11-27 12:00".
+function timeLabels(u, splits, axisIdx, space, incr) {
+  const scale = u.scales.x, longer = scale.max - scale.min > 86400;
+  return splits.map((v) => {
+    const d = new Date(v * 1000);
+    const hm = `${pad2(d.getHours())}:${pad2(d.getMinutes())}`;
+    const time = incr < 60 ? `${hm}:${pad2(d.getSeconds())}` : hm;
+    return longer ? `${pad2(d.getMonth() + 1)}-${pad2(d.getDate())} ${time}` : time;
+  });
+}
+
+// An axis as wide as its widest label (uPlot's fixed 50 px cut "10,000" to "0,000").
+function fitted(u, values, axisIdx, cycleNum) {
+  const axis = u.axes[axisIdx];
+  if (cycleNum > 1) return axis._size;
+  const widest = (values || []).reduce((a, v) => (v !== null && String(v).length > a.length
+    ? String(v) : a), "");
+  u.ctx.font = axis.font[0];
+  const text = widest ? u.ctx.measureText(widest).width / uPlot.pxRatio : 0;
+  return Math.ceil(axis.ticks.size + axis.gap + text + 4);
+}
+
+const yAxis = (label) => ({ label, size: fitted, values: numberLabels });
+
+function chart(name, opts, data, x = null) {
   const box = $("#chart-" + name);
-  const width = Math.max(300, box.clientWidth || 460);
-  if (charts[name]) charts[name].setData(data);
+  const width = Math.max(280, Math.min(box.clientWidth || 460, window.innerWidth - 24));
+  if (charts[name]) charts[name].setData(data, x === null);
   else charts[name] = new uPlot({ width, height: 220, ...opts }, data, box);
+  if (x !== null) charts[name].setScale("x", { min: x[0], max: x[1] });
 }
 
 function agentSeries(agents, extra = {}) {
@@ -129,17 +175,25 @@ function drawCharts(run) {
   }
   const at = timeline.map((p) => p.at);
   const column = (i) => agents.map((a) => timeline.map((p) => (p.agents[a] || [])[i] ?? null));
-  // one point (a burst, or a page opened on an idle run) still gets a readable minute of axis
-  const span = (u, min, max) => (max - min < 60 ? [max - 60, max + 1] : [min, max]);
-  const time = { scales: { x: { time: true, range: span } } };
-  chart("mean", { ...time, series: [{}, ...agentSeries(agents)] }, [at, ...column(1)]);
-  chart("std", { ...time, series: [{}, ...agentSeries(agents)] }, [at, ...column(2)]);
-  chart("rollouts", { ...time, series: [{}, { label: "rollouts", stroke: COLORS[0] },
-    { label: "failed attempts", stroke: COLORS[4] }] },
-  [at, timeline.map((p) => p.rollouts), timeline.map((p) => p.failed ?? 0)]);
+  // the run's own span; a run seconds old (or one point) still gets a readable minute of axis
+  const last = at.length ? at[at.length - 1] : Date.now() / 1000;
+  const span = [Math.min(at.length ? at[0] : last, last - 60), last];
+  const time = { scales: { x: { time: true } }, axes: [{ values: timeLabels, space: 70 }] };
+  chart("mean", { ...time, axes: [...time.axes, yAxis()], series: [{}, ...agentSeries(agents)] },
+    [at, ...column(1)], span);
+  chart("std", { ...time, axes: [...time.axes, yAxis()], series: [{}, ...agentSeries(agents)] },
+    [at, ...column(2)], span);
+  chart("rollouts", { ...time, axes: [...time.axes, yAxis()], series: [{},
+    { label: "rollouts", stroke: COLORS[0] }, { label: "failed attempts", stroke: COLORS[4] }] },
+  [at, timeline.map((p) => p.rollouts), timeline.map((p) => p.failed ?? 0)], span);
+  // k from the smallest to the largest a run has, a tick at each k
+  kRange = ks.length ? [ks[0], ks[ks.length - 1] === ks[0] ? ks[0] + 1 : ks[ks.length - 1]]
+    : [1, 2];
   chart("passk", {
-    scales: { x: { time: false, distr: ks.length > 1 ? 3 : 1, log: 2 }, y: { range: [0, 100] } },
-    axes: [{ label: "k" }, {}],
+    scales: { x: { time: false, distr: ks.length > 1 ? 3 : 1, log: 2, range: () => kRange },
+      y: { range: [0, 100] } },
+    axes: [{ label: "k", splits: () => ks, values: (u, splits) => splits.map(String) },
+      yAxis()],
     series: [{ label: "k" }, ...agentSeries(agents, { points: { show: true } })],
   }, [ks, ...agents.map((a) => ks.map((k) => run.agents[a].pass_at_k[String(k)] ?? null))]);
   // grouped bars: agent i's bar of bin b sits at the i-th of n slots inside the bin
@@ -154,7 +208,7 @@ function drawCharts(run) {
   });
   chart("difficulty", {
     scales: { x: { time: false, range: [0, 1] } },
-    axes: [{ label: "task mean reward" }, { label: "tasks" }],
+    axes: [{ label: "task mean reward", values: numberLabels }, yAxis("tasks")],
     series: [{ label: "mean" }, ...agentSeries(agents, {
       paths: uPlot.paths.bars({ size: [0.9, Infinity] }), points: { show: false },
     }).map((s) => ({ ...s, fill: s.stroke + "cc" }))],
@@ -165,15 +219,16 @@ function drawCharts(run) {
     .sort((a, b) => a - b);
   chart("tokens", {
     scales: { x: { time: false, distr: 3, log: 2 } },
-    axes: [{ label: "output tokens (from)" }, { label: "mean reward" }],
+    axes: [{ label: "output tokens (from)", values: numberLabels }, yAxis("mean reward")],
     series: [{ label: "tokens" }, ...agentSeries(agents, { points: { show: true } })],
   }, [lows.map((low) => Math.max(low, 0.5)),
     ...agents.map((a) => lows.map((low) => bins(a).find((b) => b.from === low)?.mean ?? null))]);
 }
 
 function pick(runs) {
-  // a run the user did not choose follows the newest open one
-  if (pinned && runs.some((r) => r.run_id === selected)) return selected;
+  // a run the user chose stays chosen (an unknown one is said so); one the user did not choose
+  // follows the newest open run
+  if (pinned) return selected;
   const open = runs.filter((r) => ["open", "stalled", "finished"].includes(r.state));
   const run = (open.length ? open : runs)[(open.length ? open : runs).length - 1];
   return run ? run.run_id : null;
@@ -186,16 +241,20 @@ function connect() {
   timeline = [];
   source.onmessage = (event) => {
     const data = JSON.parse(event.data);
-    const status = $("#status");
-    status.className = "status live";
-    status.textContent = "live, updated " + new Date().toLocaleTimeString();
     const wanted = pick(data.runs);
-    if (wanted !== selected) { choose(wanted, pinned); return; }
+    if (wanted !== selected) { choose(wanted, pinned); return; }  // "live" once it is drawn
     const last = timeline.length ? timeline[timeline.length - 1].at : -Infinity;
     timeline.push(...data.history.filter((p) => p.at > last));
     renderRuns(data.runs);
     if (data.run) renderRun(data.run);
     else $("#run").hidden = true;
+    const unknown = $("#unknown-run");
+    unknown.hidden = !(pinned && selected && !data.runs.some((r) => r.run_id === selected));
+    unknown.textContent = `This processor knows no run "${selected}"` +
+      (data.runs.length ? ": the runs it knows are listed above." : ".");
+    const status = $("#status");
+    status.className = "status live";
+    status.textContent = "live, updated " + new Date().toLocaleTimeString();
   };
   source.onerror = () => {
     const status = $("#status");
