@@ -4,9 +4,11 @@ It polls the processor's ``/runs`` and ``/runs/<id>`` (the whole run, as the pag
 and redraws one table per poll with rich: per run its state (a stalled run: since when it
 has had no event, rate 0, no ETA), rollouts of expected, rate and ETA (from the last two
 polls), failed attempts, and per agent the rollouts, the reward's mean, std, min and max, the
-share of zero-variance tasks and pass@k. A processor that cannot
-be reached is said in the table's caption, and watching goes on; ``--once`` prints one table
-and exits (2 when the processor cannot be reached).
+share of zero-variance tasks, pass@1 and pass@k. The tables fit the terminal
+(:func:`_fitted`: columns of less use give way first, then names are cut; the state,
+rollouts, mean, std and pass@1 never are). A processor that cannot be reached is said in the
+table's caption, and watching goes on; ``--once`` prints one table and exits (2 when the
+processor cannot be reached).
 """
 
 from __future__ import annotations
