@@ -15,6 +15,7 @@ from importlib.metadata import distribution, version
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 import rewardstream.gym_servers.ng_run
 from rewardstream.commands.cli import build_parser
@@ -298,26 +299,29 @@ def test_ng_reward_profile_help_lists_every_key() -> None:
     assert "--version" in proc.stdout
 
 
-def test_ng_collect_rollouts_help_lists_every_key_and_marks_the_required_ones() -> None:
-    proc = run([script("ng_collect_rollouts"), "--help"])
+def _help_of(command: str, model: type[BaseModel]) -> tuple[str, dict[str, str]]:
+    """``command --help`` and its override lines, each of ``model``'s keys listed and marked
+    "(required)" exactly when it is."""
+    proc = run([script(command), "--help"])
     assert proc.returncode == 0
     lines = _override_lines(proc.stdout)
-    for name, field in CollectConfig.model_fields.items():
-        assert lines.get(name), f"+{name} is not in ng_collect_rollouts --help"
+    for name, field in model.model_fields.items():
+        assert lines.get(name), f"+{name} is not in {command} --help"
         assert ("(required)" in lines[name]) == field.is_required(), name
+    assert "--version" in proc.stdout
+    return proc.stdout, lines
+
+
+def test_ng_collect_rollouts_help_lists_every_key_and_marks_the_required_ones() -> None:
+    text, lines = _help_of("ng_collect_rollouts", CollectConfig)
     assert "(required)" not in lines["agent_name"]
-    assert "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS" in proc.stdout and "--version" in proc.stdout
+    assert "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS" in text
 
 
 def test_ng_aggregate_rollouts_help_lists_every_key_and_how_to_shard() -> None:
-    proc = run([script("ng_aggregate_rollouts"), "--help"])
-    assert proc.returncode == 0
-    lines = _override_lines(proc.stdout)
-    for name, field in AggregateConfig.model_fields.items():
-        assert lines.get(name), f"+{name} is not in ng_aggregate_rollouts --help"
-        assert ("(required)" in lines[name]) == field.is_required(), name
-    assert "``" not in proc.stdout and ":func:" not in proc.stdout  # no reST markup
-    assert "_ng_task_index" in proc.stdout and "--version" in proc.stdout
+    text, _ = _help_of("ng_aggregate_rollouts", AggregateConfig)
+    assert "``" not in text and ":func:" not in text  # no reST markup
+    assert "_ng_task_index" in text
 
 
 def test_ng_run_help_lists_every_key_it_reads() -> None:

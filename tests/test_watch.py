@@ -35,6 +35,23 @@ def _shows(text: str, detail: dict[str, Any]) -> bool:
     return True
 
 
+def _processor(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+    extra: tuple[str, ...] = (),
+) -> tuple[Processor, Topics]:
+    """A processor of its own topic prefix (two partitions), and the topics."""
+    prefix = unique_name("watch")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
+    log = tmp_path / "processor.log"
+    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", log, extra=list(extra))
+    processors.append(p)
+    return p, topics
+
+
 def test_watch_shows_the_run_and_follows_it(
     kafka_bootstrap: str,
     unique_name: Callable[[str], str],
@@ -42,11 +59,7 @@ def test_watch_shows_the_run_and_follows_it(
     processors: list[Processor],
 ) -> None:
     inputs, rollouts = generated_collection(tmp_path / "data", tasks=100, repeats=4, seed=9)
-    prefix = unique_name("watch")
-    topics = Topics.for_prefix(prefix)
-    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
-    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / "processor.log")
-    processors.append(p)
+    p, topics = _processor(kafka_bootstrap, unique_name, tmp_path, processors)
     events = file_events(inputs, rollouts, "w", "r", False)
     first = [e for e in events if e[0] != "rollout"] + [e for e in events if e[0] == "rollout"][
         :150
@@ -109,11 +122,7 @@ def test_watch_in_an_80x24_terminal_shows_every_needed_figure_whole(
     """An SSH terminal's size: the run's state and rollouts, each agent's rollouts, mean, std
     and pass@1 are on the screen, none cut to an ellipsis."""
     inputs, rollouts = generated_collection(tmp_path / "data", tasks=100, repeats=4, seed=12)
-    prefix = unique_name("watch")
-    topics = Topics.for_prefix(prefix)
-    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
-    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / "processor.log")
-    processors.append(p)
+    p, topics = _processor(kafka_bootstrap, unique_name, tmp_path, processors)
     send_events(kafka_bootstrap, topics, file_events(inputs, rollouts, "n", "r", False), "n")
     p.wait(lambda runs: runs.get("n", {}).get("rollouts") == 400)
     detail = run_detail(p.url, "n")
@@ -152,12 +161,8 @@ def test_watch_shows_a_stalled_run_and_its_return(
     """A run whose events stop is shown stalled (since when, rate 0, no ETA) within
     ``--stall-after``, and open again once they resume."""
     inputs, rollouts = generated_collection(tmp_path / "data", tasks=100, repeats=2, seed=10)
-    prefix = unique_name("watch")
-    topics = Topics.for_prefix(prefix)
-    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
-    log = tmp_path / "processor.log"
-    p = Processor(kafka_bootstrap, prefix, tmp_path / "out", log, extra=["--stall-after", "3"])
-    processors.append(p)
+    stall = ("--stall-after", "3")
+    p, topics = _processor(kafka_bootstrap, unique_name, tmp_path, processors, stall)
     events = file_events(inputs, rollouts, "s", "r", False)
     data = [e for e in events if e[0] == "rollout"]
     send_events(kafka_bootstrap, topics, [e for e in events if e[0] != "rollout"], "s")
