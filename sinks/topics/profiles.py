@@ -310,16 +310,22 @@ async def _wait_final(
     consumer = reader(bootstrap, security)
     await start_client(consumer, bootstrap, security)
     try:
-        while topics.finals not in await consumer.topics() and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)  # no processor has made it yet (see read_to_end)
-        async for final in read_finals(consumer, topics.finals, prefix, group):
-            if final.run_id == run_id:
-                return final  # the first one stands
+        made = topics.finals in await consumer.topics()
+        if made:  # a final stands even when its run's control events have aged out
+            async for final in read_finals(consumer, topics.finals, prefix, group):
+                if final.run_id == run_id:
+                    return final  # the first one stands
         if not await _announced(bootstrap, security, Topics.for_prefix(prefix).control, run_id):
             raise InputError(
                 f"no run {run_id!r} under the topic prefix {prefix!r}: nothing was published "
                 "under that run id (rewardstream profiles list shows the runs with a final)"
             )
+        if not made:
+            while topics.finals not in await consumer.topics() and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)  # no processor has made it yet (see read_to_end)
+            async for final in read_finals(consumer, topics.finals, prefix, group):
+                if final.run_id == run_id:
+                    return final
         tp = TopicPartition(topics.finals, 0)
         while (left := deadline - time.monotonic()) > 0:
             batch = await consumer.getmany(tp, timeout_ms=max(1, int(min(left, 1.0) * 1000)))
