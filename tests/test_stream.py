@@ -19,7 +19,7 @@ from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.kafka.local import free_port
 from rewardstream.processors.stream import StreamProcessor
 from rewardstream.processors.stream import finals as finals_module
-from rewardstream.sinks.topics.profiles import ensure_topics
+from rewardstream.sinks.topics.profiles import ensure_topics, publish_final
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 from tests.processes import read_topic
 
@@ -91,10 +91,9 @@ async def test_a_run_is_done_only_once_its_files_are_in_the_output_dir(
     returning (a loaded machine widens that); the run was then done before the files were
     mirrored, and a reader of ``--output-dir`` found none. Planted: the publish call returns
     2 s after the record is committed."""
-    publish = getattr(finals_module, "publish_final")  # noqa: B009 - the name the module calls
 
     async def slow(*args: Any, **kwargs: Any) -> Any:
-        standing = await publish(*args, **kwargs)
+        standing = await publish_final(*args, **kwargs)
         await asyncio.sleep(2)  # the tail reads the committed record meanwhile
         return standing
 
@@ -111,10 +110,9 @@ async def test_a_writer_that_fails_after_its_record_is_committed_reads_it_all_th
 ) -> None:
     """The record the tail held for its writer is read when the writer stops short (planted:
     the publish call fails 2 s after the record is committed); the run is done, not stuck."""
-    publish = getattr(finals_module, "publish_final")  # noqa: B009 - the name the module calls
 
     async def failing(*args: Any, **kwargs: Any) -> Any:
-        await publish(*args, **kwargs)
+        await publish_final(*args, **kwargs)
         await asyncio.sleep(2)
         raise KafkaError("planted: the call failed after the commit")
 
