@@ -6,17 +6,20 @@ import asyncio
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from rewardstream.commands.cli import main, ng_reward_profile
 from rewardstream.contract.events import EventKind, Topics, task_key
 from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.kafka.local import free_port
 from rewardstream.processors.stream import StreamProcessor
-from rewardstream.sinks.topics.profiles import ensure_topics
+from rewardstream.processors.stream import finals as finals_module
+from rewardstream.sinks.topics.profiles import ensure_topics, publish_final
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases, golden_events
 from tests.processes import read_topic
 
@@ -79,6 +82,45 @@ def _assert_files(folder: Path, case: GoldenCase) -> None:
     for suffix in OUTPUT_SUFFIXES:
         name = f"{case.stem}{suffix}"
         assert (folder / name).read_bytes() == (case.expected / name).read_bytes(), name
+
+
+async def test_a_run_is_done_only_once_its_files_are_in_the_output_dir(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader reads its own final back from the topic while its publish call is still
+    returning (a loaded machine widens that); the run was then done before the files were
+    mirrored, and a reader of ``--output-dir`` found none. Planted: the publish call returns
+    2 s after the record is committed."""
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        standing = await publish_final(*args, **kwargs)
+        await asyncio.sleep(2)  # the tail reads the committed record meanwhile
+        return standing
+
+    monkeypatch.setattr(finals_module, "publish_final", slow)
+    events = golden_events(CASES["blackjack"], "slow-mirror", finish=False)
+    await running.send(events, "slow-mirror")
+    runs = running.processor.pipeline.runs
+    await running.wait(lambda: "slow-mirror" in runs and runs["slow-mirror"].done)
+    _assert_files(running.processor.pipeline.output_dir / "slow-mirror", CASES["blackjack"])
+
+
+async def test_a_writer_that_fails_after_its_record_is_committed_reads_it_all_the_same(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record the tail held for its writer is read when the writer stops short (planted:
+    the publish call fails 2 s after the record is committed); the run is done, not stuck."""
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        await publish_final(*args, **kwargs)
+        await asyncio.sleep(2)
+        raise KafkaError("planted: the call failed after the commit")
+
+    monkeypatch.setattr(finals_module, "publish_final", failing)
+    await running.send(golden_events(CASES["blackjack"], "cut-short", finish=False), "cut-short")
+    runs = running.processor.pipeline.runs
+    await running.wait(lambda: "cut-short" in runs and runs["cut-short"].done)
+    assert runs["cut-short"].terminal is not None and not runs["cut-short"].terminal.evicted
 
 
 async def test_final_profiles_equal_batch_and_republish_changes_nothing(running: Running) -> None:

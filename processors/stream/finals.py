@@ -69,6 +69,7 @@ class Finals:
         self.fail = fail  # stops the processor with this error
         self.prefix, self.group_id = membership.prefix, membership.group_id
         self.finishing: set[str] = set()  # runs whose final is being written
+        self.held: dict[str, FinalRecord] = {}  # our own records the tail read meanwhile
 
     def read(self, record: FinalRecord) -> None:
         """A terminal record read from the finals topic (this group's only)."""
@@ -97,10 +98,26 @@ class Finals:
         self.membership.changed = True
 
     async def tail(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        """Read the terminal records as they come. One this member is still writing is held
+        for its writer (:meth:`_finish`, :meth:`evict`), which reads it once the files are in
+        ``--output-dir`` (a run is never done here before they are), or, if it stops short,
+        reads the held copy (:meth:`_done_writing`)."""
+        me = self.membership.member
         while not stop.is_set():
             for records in (await consumer.getmany(timeout_ms=200)).values():
                 for final in finals_of(records, self.prefix, self.group_id):
-                    self.read(final)
+                    if final.written_by == me and final.run_id in self.finishing:
+                        self.held[final.run_id] = final
+                    else:
+                        self.read(final)
+
+    def _done_writing(self, run: Run) -> None:
+        """The writer of ``run``'s record is through: a record the tail held for it is read
+        now if the writer did not read one (it failed after the record was committed)."""
+        self.finishing.discard(run.run_id)
+        held = self.held.pop(run.run_id, None)
+        if held is not None and run.terminal is None:
+            self.read(held)
 
     async def evict(self, run: Run) -> None:
         """Write the run's ``evicted`` record: every processor drops the run and parks its later
@@ -123,7 +140,7 @@ class Finals:
         except KafkaError as exc:
             log.warning("run %s: not evicted here: %r", run.run_id, exc)
         finally:
-            self.finishing.discard(run.run_id)
+            self._done_writing(run)
 
     async def maybe_finish(self, run: Run) -> None:
         """Write the run's final profile, if this processor leads and the run is ready; on
@@ -142,7 +159,7 @@ class Finals:
         except InputError as exc:  # its files cannot be written (the state folder full): stop
             self.fail(InputError(f"run {run.run_id}: {exc}; stopping"))
         finally:
-            self.finishing.discard(run.run_id)
+            self._done_writing(run)
 
     def terminal_record(self, run: Run, **fields: Any) -> FinalRecord:
         """A terminal record (``fields``: its state, stem, counts, units) of ``run``, written
