@@ -117,7 +117,8 @@ def _when_written(make: Callable[[], bytes]) -> Iterator[bytes]:
 def aggregate_files(
     profile: Profile, paths: ProfilePaths, aggregates: Aggregates
 ) -> list[tuple[Path, Iterable[bytes]]]:
-    """The aggregate metrics (two-space indent, as NeMo Gym writes them) and task difficulty."""
+    """The aggregate metrics (two-space indent, as NeMo Gym writes them), task difficulty and
+    the intervals."""
     indent = orjson.OPT_INDENT_2
     return [
         (
@@ -125,6 +126,7 @@ def aggregate_files(
             [orjson.dumps(profile.aggregate_metrics(aggregates.answers), option=indent)],
         ),
         (paths.task_difficulty, [orjson.dumps(profile.task_difficulty(), option=indent)]),
+        (paths.intervals, [orjson.dumps(profile.intervals(), option=indent)]),
     ]
 
 
@@ -306,11 +308,12 @@ def summary_lines(profile: Profile, paths: ProfilePaths, aggregates: bool = Fals
 
 
 def profile_lines(paths: ProfilePaths, extras: bool | None = None) -> list[str]:
-    """NeMo Gym's three closing lines naming the profile files, and two more naming the
-    aggregate and difficulty files when ``extras`` (None: when both are there)."""
+    """NeMo Gym's three closing lines naming the profile files, and three more naming the
+    aggregate, difficulty and interval files when ``extras`` (None: when all are there)."""
     labels = ("Reward profiling outputs", "Agent-level metrics", "Repeat-level metrics")
     lines = [f"{label}: {path}" for label, path in zip(labels, paths, strict=True)]
     if extras or (extras is None and all(p.exists() for p in paths.extras())):
         lines += [f"Aggregate metrics: {paths.aggregate_metrics}"]
         lines += [f"Task difficulty: {paths.task_difficulty}"]
+        lines += [f"Intervals: {paths.intervals}"]
     return lines

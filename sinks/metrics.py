@@ -72,6 +72,15 @@ class _LiveCollector(Collector):
             )
             for name in ("mean", "std", "min", "max")
         }
+        bounds = {
+            side: GaugeMetricFamily(
+                f"rewardstream_reward_mean_{side}",
+                f"{side} end of the mean reward's anytime-valid interval over the whole run "
+                "(docs/intervals.md; absent once a reward fell outside its range)",
+                labels=["run_id", "agent", "level"],
+            )
+            for side in ("lower", "upper")
+        }
         # additive over processors while open (tasks, hence rollouts, are partitioned): PromQL's
         # sum by run_id and agent gives the run-wide mean and std (deploy/prometheus/rules.yml)
         additive = {
@@ -136,6 +145,11 @@ class _LiveCollector(Collector):
                         ("max", reward.max),
                     ):
                         stats[name].add_metric([run_id, agent], value)
+                interval = live.interval()
+                if interval["lower"] is not None:
+                    level = repr(interval["level"])
+                    for side in ("lower", "upper"):
+                        bounds[side].add_metric([run_id, agent, level], interval[side])
             if run.done:
                 shares = {agent: live.reward for agent, live in whole.items()}
                 task_figures[run_id] = {a: _Tasks.of_final(live) for a, live in whole.items()}
@@ -158,6 +172,7 @@ class _LiveCollector(Collector):
             tasks.add_metric([run_id], run.tasks_complete())
             done.add_metric([run_id], float(run.done))
         yield from stats.values()
+        yield from bounds.values()
         yield from additive.values()
         yield from (completion, tasks, done, age, failed)
         yield from _task_families(task_figures)

@@ -1,5 +1,6 @@
 """``ng_reward_profile +aggregate_metrics=true [+answer_key=F]``: pass@k, avg-of-k and majority@k
-per agent equal NeMo Gym's reference computed from the files directly, and task difficulty."""
+per agent equal NeMo Gym's reference computed from the files directly, task difficulty and the
+intervals."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
 from rewardstream.commands.cli import main, ng_reward_profile
 from rewardstream.contract.events import Topics
+from rewardstream.processors.core.confseq import Tally, bernoulli_interval
 from tests import nemo_passk
 from tests.golden import GOLDEN
 from tests.processes import Processor, make_topics
@@ -97,6 +100,7 @@ def test_without_the_flag_nothing_changes(tmp_path: Path) -> None:
     assert ng_reward_profile([*argv, "++allow_partial_rollouts=True", "+quiet=true"]) == 0
     assert not (tmp_path / "r_aggregate_metrics.json").exists()
     assert not (tmp_path / "r_task_difficulty.json").exists()
+    assert not (tmp_path / "r_intervals.json").exists()
 
 
 def test_answer_key_alone_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -190,7 +194,7 @@ def batch_aggregates(inputs: Path, lines: list[bytes], out: Path) -> None:
     assert ng_reward_profile(argv) == 0
 
 
-EXTRA = ("r_aggregate_metrics.json", "r_task_difficulty.json")
+EXTRA = ("r_aggregate_metrics.json", "r_task_difficulty.json", "r_intervals.json")
 
 
 def _sample(exposition: str, series: str) -> float:
@@ -373,3 +377,56 @@ def test_curate_names_a_file_that_is_no_profile(
     assert f"{bogus} line 1: not a task row with a 'sample'" in capsys.readouterr().err
     assert main(["curate", str(tmp_path / "nope"), "--band", "0", "1", "--out", "o"]) == 2
     assert "Input file not found" in capsys.readouterr().err
+
+
+def test_intervals(tmp_path: Path) -> None:
+    """``_intervals.json``: per agent the mean reward's sequence over its rollouts in (task,
+    rollout) order, whatever order the file has; per task the pass rate's for 0/1 tasks, the
+    empirical-Bernstein one else; none where a reward is outside [0, 1]."""
+    rewards: dict[int, tuple[str, list[float]]] = {
+        0: ("a", [1, 1, 1, 1]),
+        1: ("a", [0, 1, 0, 1]),
+        2: ("a", [0.5, 0.25, 1.0]),
+        3: ("b", [1, 0, 1]),
+        4: ("b", [3.0, 1.0]),
+    }
+    rows, results = [], []
+    for task, (agent, values) in rewards.items():
+        for rollout, reward in enumerate(values):
+            row = {"_ng_task_index": task, "_ng_rollout_index": rollout}
+            rows.append(row | {"agent_ref": {"name": agent}})
+            results.append(row | {"agent_ref": {"name": agent}, "reward": reward})
+    random.Random(5).shuffle(results)
+    inputs, rollouts = tmp_path / "d_materialized_inputs.jsonl", tmp_path / "d.jsonl"
+    inputs.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    rollouts.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in results))
+    argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
+    assert ng_reward_profile([*argv, "+quiet=true", "+aggregate_metrics=true"]) == 0
+    got = orjson.loads((tmp_path / "d_intervals.json").read_bytes())
+    assert got["level"] == 0.95 and [a["agent_ref"]["name"] for a in got["agents"]] == ["a", "b"]
+    a, b = got["agents"]
+    in_order = Tally()
+    in_order.add_many(np.array([v for t in (0, 1, 2) for v in rewards[t][1]], dtype=float))
+    assert a["rollouts"] == 11 and a["mean_reward"] == {
+        "lower": in_order.interval().lower,  # type: ignore[union-attr]
+        "upper": in_order.interval().upper,  # type: ignore[union-attr]
+        "range": [0.0, 1.0],
+        "outside": 0,
+    }
+    lower, upper = bernoulli_interval(np.array([4, 2]), np.array([4, 4]), 1 - 0.95)
+    task2 = Tally()
+    task2.add_many(np.array(rewards[2][1]))
+    assert a["tasks"] == [
+        {"_ng_task_index": 0, "rollouts": 4, "lower": lower[0], "upper": upper[0]},
+        {"_ng_task_index": 1, "rollouts": 4, "lower": lower[1], "upper": upper[1]},
+        {
+            "_ng_task_index": 2,
+            "rollouts": 3,
+            # vectorized over tasks: numpy's SIMD log may differ in the last bit
+            "lower": pytest.approx(task2.interval().lower, rel=1e-14),  # type: ignore[union-attr]
+            "upper": pytest.approx(task2.interval().upper, rel=1e-14),  # type: ignore[union-attr]
+        },
+    ]
+    assert b["mean_reward"]["outside"] == 1 and b["mean_reward"]["lower"] is None
+    assert b["tasks"][1] == {"_ng_task_index": 4, "rollouts": 2, "lower": None, "upper": None}
+    assert b["tasks"][0]["lower"] is not None

@@ -8,6 +8,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import orjson
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,6 +23,7 @@ from rewardstream.contract.engine import (
     encode_record,
 )
 from rewardstream.contract.events import AttemptFailed, RunFinished, encode
+from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.profile import TOKEN_BINS
 from rewardstream.processors.engine.live import (
     AgentLive,
@@ -70,6 +72,9 @@ def _close(a: AgentLive, b: AgentLive) -> None:
     assert a.tokens.keys() == b.tokens.keys()
     for bin_, (n, total) in a.tokens.items():
         assert n == b.tokens[bin_][0] and math.isclose(total, b.tokens[bin_][1], rel_tol=1e-12)
+    # the sequence's sums: the variance process depends on the order folded, not the rest
+    assert (a.tally.n, a.tally.outside) == (b.tally.n, b.tally.outside) == (a.rollouts, 0)
+    assert math.isclose(a.tally.total, b.tally.total, rel_tol=1e-12)
 
 
 def test_parts_merged_equal_the_run_in_one_part(tmp_path: Path) -> None:
@@ -124,6 +129,51 @@ def test_a_summary_survives_the_member_record(tmp_path: Path) -> None:
         for live in one.runs["r"].whole(0.0).values():
             wire = AgentProgress.model_validate_json(orjson.dumps(live.to_wire().model_dump()))
             _close(AgentLive.from_wire(wire), live)
+
+
+def test_the_mean_interval_is_the_sequence_over_the_rollouts_as_they_came(
+    tmp_path: Path,
+) -> None:
+    """One unit folds the rollouts in the order they came (the file's): its tally is a
+    :class:`Tally` fed that order, and the view shows its interval around the mean."""
+    expected: dict[str, Tally] = {}
+    with _pipeline(tmp_path, "one", 1) as one:
+        for line in (tmp_path / "data" / "r.jsonl").read_bytes().splitlines():
+            row = orjson.loads(line)
+            expected.setdefault(row["agent_ref"]["name"], Tally()).add(float(row["reward"]))
+        whole = one.runs["r"].whole(0.0)
+        assert whole.keys() == expected.keys()
+        for agent, tally in expected.items():
+            got = whole[agent].tally
+            assert (got.n, got.outside) == (tally.n, 0)
+            assert math.isclose(got.total, tally.total, rel_tol=1e-12)
+            assert math.isclose(got.spread, tally.spread, rel_tol=1e-9)
+            reward = whole[agent].view()["reward"]
+            interval = reward["interval"]
+            assert interval["level"] == 0.95 and interval["range"] == [0.0, 1.0]
+            assert interval["lower"] < reward["mean"] < interval["upper"]
+
+
+def test_a_reward_outside_the_range_withdraws_the_interval(tmp_path: Path) -> None:
+    live = AgentLive(tally=Tally())
+    live.tally.add_many(np.array([0.0, 1.0, 0.5]))
+    assert live.interval()["lower"] is not None
+    live.tally.add(2.5)
+    assert live.interval() | {"range": None} == {
+        "level": 0.95,
+        "range": None,
+        "lower": None,
+        "upper": None,
+        "outside": 1,
+    }
+
+
+def test_an_older_processors_summary_has_no_interval_sums() -> None:
+    """A member record of a processor without confidence sequences reads as an empty tally."""
+    raw = AgentLive(rollouts=3).to_wire().model_dump()
+    del raw["tally"]
+    read = AgentLive.from_wire(AgentProgress.model_validate(raw))
+    assert read.tally == Tally() and read.interval()["lower"] is None
 
 
 def test_figures_are_computed_again_at_most_every_few_seconds(tmp_path: Path) -> None:
@@ -275,6 +325,7 @@ def test_a_final_runs_metrics_are_its_final_records_whatever_parts_are_held(
             return metrics.registry.get_sample_value(name, {"run_id": "r", **labels})
 
         final = {a: live.reward for a, live in run.terminal.agents.items()}
+        intervals = {a: live.interval() for a, live in run.terminal.agents.items()}
         for name in ("input-1", "rollout-1", "input-2", "rollout-2"):
             pipeline.release(name)  # lost in a rebalance: a quarter of the run is left here
         assert 0 < run.local_rollouts < run.rollouts
@@ -284,6 +335,10 @@ def test_a_final_runs_metrics_are_its_final_records_whatever_parts_are_held(
             assert sample("rewardstream_reward_mean", agent=agent) == reward.mean
             assert sample("rewardstream_reward_count", agent=agent) == reward.count
             assert sample("rewardstream_tasks", agent=agent, kind="scored") == 20
+            for side in ("lower", "upper"):
+                got = sample(f"rewardstream_reward_mean_{side}", agent=agent, level="0.95")
+                assert got == intervals[agent][side]
+            assert intervals[agent]["lower"] < reward.mean < intervals[agent]["upper"]
         assert LiveView(pipeline).summary(run)["duplicates_dropped"] == 0
 
 

@@ -18,7 +18,13 @@ AGENTS = ["arithmetic_simple_agent", "math_with_judge_agent", "blackjack", "code
 def _run(agents: int, state: str = "open") -> dict[str, Any]:
     agent = {
         "rollouts": 1349,
-        "reward": {"mean": 0.69612, "std": 0.41234, "min": -1.0, "max": 1.0},
+        "reward": {
+            "mean": 0.69612,
+            "std": 0.41234,
+            "min": -1.0,
+            "max": 1.0,
+            "interval": {"level": 0.95, "lower": 0.6712, "upper": 0.7211, "outside": 0},
+        },
         "tasks": {"zero_variance_share": 0.4},
         "pass_at_k": {"1": 69.6, "2": 90.2, "4": 98.8, "8": 99.9},
     }
@@ -61,6 +67,7 @@ def test_at_200_columns_every_column_is_there() -> None:
     text = "\n".join(_screen(_run(5), 200))
     for column in ("expected", "rate/s", "ETA", "failed", "dup. dropped", "min", "max"):
         assert column in text, column
+    assert "mean interval" in text and "0.6712-0.7211" in text
     assert "@1=69.6 @2=90.2 @4=98.8 @8=99.9" in text and "arithmetic_simple_agent" in text
     assert "…" not in text
 

@@ -19,6 +19,7 @@ import numpy.typing as npt
 import orjson
 
 from rewardstream.errors import ProfileError
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL, Tally, task_intervals
 from rewardstream.processors.core.difficulty import EDGES, Difficulty, difficulty, task_means
 from rewardstream.processors.core.kernels import (
     GroupStats,
@@ -191,6 +192,42 @@ class Profile:
         return [
             {"agent_ref": {"name": g.name}, **difficulty(g.task, g.reward)} for g in self._groups()
         ]
+
+    def intervals(self, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+        """``_intervals.json`` (rewardstream's own, beside NeMo Gym's files): per agent label
+        the mean reward's anytime-valid interval over its rollouts in (task, rollout) order,
+        the same whichever processor or command writes it, and each task's
+        (docs/intervals.md); None where a reward fell outside [0, 1]."""
+        agents = []
+        for g in self._groups():
+            tally = Tally()
+            tally.add_many(g.reward)
+            now = tally.interval(level)
+            ids, n, lower, upper = task_intervals(g.task, g.reward, 1 - level)
+            tasks = [
+                {"_ng_task_index": i, "rollouts": k, "lower": _or_none(lo), "upper": _or_none(hi)}
+                for i, k, lo, hi in zip(
+                    ids.tolist(), n.tolist(), lower.tolist(), upper.tolist(), strict=True
+                )
+            ]
+            agents.append(
+                {
+                    "agent_ref": {"name": g.name},
+                    "rollouts": len(g.reward),
+                    "mean_reward": {
+                        "lower": None if now is None else now.lower,
+                        "upper": None if now is None else now.upper,
+                        "range": [tally.lo, tally.hi],
+                        "outside": tally.outside,
+                    },
+                    "tasks": tasks,
+                }
+            )
+        return {"level": level, "agents": agents}
+
+
+def _or_none(x: float) -> float | None:
+    return None if np.isnan(x) else x
 
 
 class _Group(NamedTuple):

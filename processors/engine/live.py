@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewardstream.contract.engine import AgentProgress, AgentSpread, FinalRecord
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL, Tally
 from rewardstream.processors.core.difficulty import EDGES
 from rewardstream.processors.core.passk import curve_ks
 from rewardstream.processors.core.profile import TOKEN_BINS, TaskFigures, live_figures
@@ -62,12 +63,14 @@ class AgentLive:
     passes: dict[int, tuple[float, int]] = field(default_factory=dict)
     tokens: dict[int, tuple[int, float]] = field(default_factory=dict)
     spread: AgentSpread | None = None  # a whole run's (a final's) only: see the module docstring
+    tally: Tally = field(default_factory=Tally)  # the mean reward's confidence sequence
 
     def merge(self, other: AgentLive) -> None:
         """Add another, disjoint, set of parts (the sum has no :attr:`spread`)."""
         self.spread = None
         self.rollouts += other.rollouts
         self.reward.merge(other.reward)
+        self.tally.merge(other.tally)
         self.tasks += other.tasks
         self.single += other.single
         self.scored += other.scored
@@ -86,6 +89,7 @@ class AgentLive:
     def of(cls, stats: RunningStats, figures: TaskFigures | None) -> AgentLive:
         reward = stats.columns.get("reward")
         out = cls(rollouts=stats.rollouts, reward=Moments(**vars(reward)) if reward else Moments())
+        out.tally = Tally(**vars(stats.reward))
         if figures is not None:
             d = figures.difficulty
             out.tasks, out.single, out.scored = d["tasks"], d["single"], d["scored"]
@@ -109,6 +113,7 @@ class AgentLive:
                 "std": _finite(r.std),
                 "min": _finite(r.min),
                 "max": _finite(r.max),
+                "interval": self.interval(),
             },
             "tasks": {
                 "tasks": self.tasks,
@@ -138,8 +143,22 @@ class AgentLive:
             ],
         }
 
+    def interval(self, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+        """The anytime-valid interval of the mean reward (and of pass@1, which estimates the
+        same mean: docs/intervals.md); ``lower``/``upper`` are None once a reward fell outside
+        the range, which ``outside`` counts."""
+        t = self.tally
+        now = t.interval(level)
+        return {
+            "level": level,
+            "range": [t.lo, t.hi],
+            "lower": None if now is None else now.lower,
+            "upper": None if now is None else now.upper,
+            "outside": t.outside,
+        }
+
     def to_wire(self) -> AgentProgress:
-        r = self.reward
+        r, t = self.reward, self.tally
         return AgentProgress(
             rollouts=self.rollouts,
             reward=None
@@ -149,6 +168,7 @@ class AgentLive:
             histogram=[*self.histogram, self.below, self.above],
             passes={str(k): v for k, v in self.passes.items()},
             tokens={str(b): v for b, v in self.tokens.items()},
+            tally=(t.lo, t.hi, t.n, t.total, t.spread, t.outside),
         )
 
     @classmethod
@@ -174,6 +194,7 @@ class AgentLive:
             above=above,
             passes={int(k): v for k, v in wire.passes.items()},
             tokens={int(b): v for b, v in wire.tokens.items()},
+            tally=Tally() if wire.tally is None else Tally(*wire.tally),
         )
 
 

@@ -140,10 +140,12 @@ class LiveView:
                 continue
             agents = {}
             for agent, live in run.whole(now, figures=False).items():
-                r = live.reward
+                r, interval = live.reward, live.interval()
                 agents[agent] = [
                     live.rollouts,
                     *(v if math.isfinite(v) else None for v in (r.mean, r.std, r.min, r.max)),
+                    interval["lower"],
+                    interval["upper"],
                 ]
             point = {"rollouts": run.rollouts, "failed": run.failed_attempts, "agents": agents}
             history.add(wall, point)

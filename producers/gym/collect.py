@@ -188,7 +188,7 @@ class CollectionPaths(NamedTuple):
         """These and the profile files of the rollouts (``ng_reward_profile``'s, or the
         streamed profile's): what a fresh collection moves aside."""
         profile = ProfilePaths.next_to(self.rollouts)
-        return [*self, *profile, profile.task_difficulty]
+        return [*self, *profile, profile.task_difficulty, profile.intervals]
 
 
 class CollectReport(NamedTuple):

@@ -66,7 +66,8 @@ overrides (+key=value, ++key=value or key=value):
   +quiet=BOOL                            no progress bar (false)
   +aggregate_metrics=BOOL                also write R's _aggregate_metrics.json (pass@k,
                                          avg-of-k, majority@k per agent, as NeMo Gym's pass@k
-                                         servers compute them) and _task_difficulty.json (false)
+                                         servers compute them), _task_difficulty.json and
+                                         _intervals.json (false)
   +answer_key=FIELD                      the result field majority@k votes on (e.g.
                                          extracted_answer); adds the no_answer score
 
@@ -445,8 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--aggregate-metrics",
         action="store_true",
-        help="also write _aggregate_metrics.json (pass@k, avg-of-k, majority@k) and "
-        "_task_difficulty.json",
+        help="also write _aggregate_metrics.json (pass@k, avg-of-k, majority@k), "
+        "_task_difficulty.json and _intervals.json",
     )
     p.add_argument("--answer-key", help="the result field majority@k votes on")
     p.add_argument(
@@ -509,8 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--aggregate-metrics",
         action="store_true",
-        help="every run's snapshots and final carry _aggregate_metrics.json and "
-        "_task_difficulty.json, not only those whose publisher asked",
+        help="every run's snapshots and final carry _aggregate_metrics.json, "
+        "_task_difficulty.json and _intervals.json, not only those whose publisher asked",
     )
     st.add_argument(
         "--snapshot-timeout",
@@ -555,7 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--aggregate-metrics",
         action="store_true",
-        help="also write _aggregate_metrics.json and _task_difficulty.json",
+        help="also write _aggregate_metrics.json, _task_difficulty.json and _intervals.json",
     )
     rp.add_argument("--answer-key", metavar="FIELD", help="the result field majority@k votes on")
     rp.set_defaults(func=_cmd_replay)

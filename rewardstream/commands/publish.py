@@ -86,7 +86,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--aggregate-metrics",
         action="store_true",
         help="the run's snapshots and final also carry _aggregate_metrics.json (pass@k, "
-        "avg-of-k, majority@k) and _task_difficulty.json",
+        "avg-of-k, majority@k), _task_difficulty.json and _intervals.json",
     )
     p.add_argument(
         "--answer-key",

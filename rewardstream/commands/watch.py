@@ -4,7 +4,8 @@ It polls the processor's ``/runs`` and ``/runs/<id>`` (the whole run, as the pag
 and redraws one table per poll with rich: per run its state (a stalled run: since when it
 has had no event, rate 0, no ETA), rollouts of expected, rate and ETA (from the last two
 polls), failed attempts, and per agent the rollouts, the reward's mean, std, min and max, the
-share of zero-variance tasks, pass@1 and pass@k. The tables fit the terminal
+mean's anytime-valid 95% interval (docs/intervals.md), the share of zero-variance tasks, pass@1
+and pass@k. The tables fit the terminal
 (:func:`_fitted`: columns of less use give way first, then names are cut; the state,
 rollouts, mean, std and pass@1 never are). A processor that cannot be reached is said in the
 table's caption, and watching goes on; ``--once`` prints one table and exits (2 when the
@@ -94,6 +95,7 @@ _AGENT_COLUMNS = (
     _Column("mean", 0),
     _Column("std", 0),
     _Column("pass@1", 0),
+    _Column("mean interval", 1),
     _Column("min", 2),
     _Column("max", 2),
     _Column("zero-var", 3),
@@ -151,6 +153,14 @@ def _fitted(
         keep.remove(dropped)
 
 
+def _interval(interval: dict[str, Any] | None) -> str:
+    """The mean's anytime-valid interval, its level when not the usual 95%."""
+    if not interval or interval.get("lower") is None:
+        return "-"
+    level = "" if interval["level"] == 0.95 else f" ({100 * interval['level']:g}%)"
+    return f"{interval['lower']:.4f}-{interval['upper']:.4f}{level}"
+
+
 def _pass_at_1(passes: dict[str, Any]) -> str:
     value = passes.get("1")
     return "-" if value is None else f"{value:.1f}"
@@ -195,6 +205,7 @@ def render(
                     _num(reward.get("mean")),
                     _num(reward.get("std")),
                     _pass_at_1(passes),
+                    _interval(reward.get("interval")),
                     _num(reward.get("min")),
                     _num(reward.get("max")),
                     _num(tasks.get("zero_variance_share"), 3),

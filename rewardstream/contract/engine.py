@@ -102,7 +102,9 @@ class AgentProgress(BaseModel):
     squared deviations, min, max] (None where not finite), ``tasks`` [tasks, single, scored,
     zero variance], ``histogram`` the per-task mean reward counts per bin then below and
     above, ``passes`` per k [sum of pass@k, tasks with k rollouts or more], ``tokens`` per
-    output-token bin [rollouts, sum of their rewards]."""
+    output-token bin [rollouts, sum of their rewards], ``tally`` the reward's confidence-sequence
+    sums [range low, range high, count, total, variance process, rewards outside the range]
+    (:class:`~rewardstream.processors.core.confseq.Tally`; None from an older processor)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -112,6 +114,7 @@ class AgentProgress(BaseModel):
     histogram: Annotated[list[int], Field(min_length=12, max_length=12)]
     passes: dict[str, tuple[float, int]]
     tokens: dict[str, tuple[int, float]] = {}
+    tally: tuple[float, float, int, float, float, int] | None = None
 
 
 class AgentSpread(BaseModel):

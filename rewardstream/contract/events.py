@@ -308,7 +308,7 @@ class RunStarted(_Event, kw_only=True):
     - ``output_stem``: the rollouts file's stem, which names the profile's files
       (``^[\\w.-]+$``, at most 200 bytes in UTF-8);
     - ``aggregate_metrics``: its snapshots and final also carry ``_aggregate_metrics.json``
-      (pass@k and friends) and ``_task_difficulty.json``;
+      (pass@k and friends), ``_task_difficulty.json`` and ``_intervals.json``;
     - ``answer_key``: the result field its rollout records carry answers of (majority@k).
     """
 

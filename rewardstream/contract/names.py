@@ -70,8 +70,9 @@ def valid_output_stem(stem: object) -> bool:
 
 
 class Aggregates(NamedTuple):
-    """What a run asked for beyond NeMo Gym's three files: ``_aggregate_metrics.json`` and
-    ``_task_difficulty.json``, with majority@k when its results carry answers."""
+    """What a run asked for beyond NeMo Gym's three files: ``_aggregate_metrics.json``,
+    ``_task_difficulty.json`` and ``_intervals.json``, with majority@k when its results carry
+    answers."""
 
     answers: bool = False
 
@@ -93,9 +94,14 @@ class ProfilePaths(NamedTuple):
         """``<stem>_task_difficulty.json``: rewardstream's own, beside NeMo Gym's files."""
         return self._beside("_task_difficulty.json")
 
+    @property
+    def intervals(self) -> Path:
+        """``<stem>_intervals.json``: rewardstream's own anytime-valid intervals."""
+        return self._beside("_intervals.json")
+
     def extras(self) -> list[Path]:
         """The files :class:`Aggregates` add, in the order they are written."""
-        return [self.aggregate_metrics, self.task_difficulty]
+        return [self.aggregate_metrics, self.task_difficulty, self.intervals]
 
     def _beside(self, suffix: str) -> Path:
         name = self.reward_profiling.name.removesuffix("_reward_profiling.jsonl")

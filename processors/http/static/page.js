@@ -93,6 +93,9 @@ function renderRun(run) {
     cell(row, name, "agent", undefined, false);
     cell(row, agent.rollouts, "rollouts", agent.rollouts);
     cell(row, fmt(r.mean), "mean", r.mean);
+    const band = r.interval || {};
+    cell(row, band.lower === null || band.lower === undefined ? "-"
+      : `${fmt(band.lower)} - ${fmt(band.upper)}`, "interval", band.lower);
     cell(row, fmt(r.std), "std", r.std);
     cell(row, fmt(r.min), "min", r.min);
     cell(row, fmt(r.max), "max", r.max);
@@ -163,6 +166,21 @@ function agentSeries(agents, extra = {}) {
   return agents.map((a, i) => ({ label: a, stroke: COLORS[i % COLORS.length], ...extra }));
 }
 
+// Per agent its mean, then the interval's lower and upper ends, thin and dashed, the band
+// between them filled: bands' series are 1-based, after the time column.
+function meanSeries(agents) {
+  return agents.flatMap((a, i) => {
+    const stroke = COLORS[i % COLORS.length];
+    const edge = { stroke, width: 1, dash: [4, 4], points: { show: false } };
+    return [{ label: a, stroke }, { label: `${a} lower`, ...edge }, { label: `${a} upper`, ...edge }];
+  });
+}
+
+function meanBands(agents) {
+  return agents.map((a, i) => ({ series: [3 * i + 3, 3 * i + 2],
+    fill: COLORS[i % COLORS.length] + "22" }));
+}
+
 function drawCharts(run) {
   const agents = Object.keys(run.agents);
   const ks = [...new Set(agents.flatMap((a) => Object.keys(run.agents[a].pass_at_k)))]
@@ -179,8 +197,9 @@ function drawCharts(run) {
   const last = at.length ? at[at.length - 1] : Date.now() / 1000;
   const span = [Math.min(at.length ? at[0] : last, last - 60), last];
   const time = { scales: { x: { time: true } }, axes: [{ values: timeLabels, space: 70 }] };
-  chart("mean", { ...time, axes: [...time.axes, yAxis()], series: [{}, ...agentSeries(agents)] },
-    [at, ...column(1)], span);
+  const ends = [column(1), column(5), column(6)];
+  chart("mean", { ...time, axes: [...time.axes, yAxis()], series: [{}, ...meanSeries(agents)],
+    bands: meanBands(agents) }, [at, ...agents.flatMap((a, i) => ends.map((e) => e[i]))], span);
   chart("std", { ...time, axes: [...time.axes, yAxis()], series: [{}, ...agentSeries(agents)] },
     [at, ...column(2)], span);
   chart("rollouts", { ...time, axes: [...time.axes, yAxis()], series: [{},

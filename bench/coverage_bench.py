@@ -1,0 +1,256 @@
+"""Coverage of the live intervals under continuous monitoring, by simulation.
+
+    python -m bench.coverage_bench [--runs 10000] [--seed 0] [--level 0.95]
+
+A confidence sequence claims ``P(for all t: theta_t in C_t) >= level``: whoever looks after
+every rollout is still right at that rate. For each setting this simulates ``--runs``
+collections and counts the runs whose interval held the truth at *every* moment, for
+
+- ``sequence``: the agent-mean sequence the processors show
+  (:func:`~rewardstream.processors.core.confseq.eb_interval`), checked after every rollout;
+- ``t@100``: a fixed-sample t-interval (mean +- t * s / sqrt(n)), checked after every 100
+  rollouts, as a live dashboard re-checking a textbook interval would (the contrast);
+- ``task``: the per-task pass-rate sequence
+  (:func:`~rewardstream.processors.core.confseq.bernoulli_interval`) over each task's rollouts
+  in rollout-index order, checked after every rollout (binary settings only).
+
+The truth ``theta_t`` is the average of the true task means of the rollouts arrived so far
+(docs/intervals.md). Settings span binary and continuous rewards in [0, 1], overall means near
+0, in the middle and near 1, task difficulty from uniform to spread out, and two arrival
+orders: ``shuffled`` (tasks in random order) and ``collector`` (tasks in file order with 64
+rollouts in flight and latencies that depend on the outcome: a wrong rollout takes 1.5x as
+long, so the first to arrive are the right ones, as with reasoning models). Widths are
+reported as the ratio of the sequence's half-width to the t-interval's at the end of the run.
+
+The judge (:func:`judged`) reports a finding for any setting whose ``sequence`` or ``task``
+coverage is below the level by more than the simulation's own noise (3 standard errors); its
+self-test plants an interval of half the width and shows the finding is reported
+(tests/test_coverage_bench.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from rewardstream.processors.core.confseq import bernoulli_interval, eb_interval, prefix_sums
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+Interval = Callable[[npt.NDArray[Any], F64, F64, float], tuple[F64, F64]]
+"""``(n, total, spread, alpha) -> (lower, upper)`` on the unit scale, as ``eb_interval``."""
+TaskInterval = Callable[[I64, I64, float], tuple[F64, F64]]
+"""``(successes, trials, alpha) -> (lower, upper)``, as ``bernoulli_interval``."""
+
+_IN_FLIGHT, _SLOWER, _CHUNK = 64, 1.5, 500
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One simulated kind of collection (the module docstring)."""
+
+    rewards: Literal["binary", "continuous"]
+    mean: float  # the mean of the task means
+    concentration: float  # task means ~ Beta(mean * k, (1 - mean) * k): small k, spread out
+    order: Literal["shuffled", "collector"]
+    tasks: int = 250
+    repeats: int = 8
+
+    @property
+    def name(self) -> str:
+        spread = "spread" if self.concentration < 10 else "even"
+        return f"{self.rewards} mean {self.mean} {spread} {self.order}"
+
+
+SETTINGS = [
+    Setting(rewards, mean, k, order)
+    for rewards in ("binary", "continuous")
+    for mean in (0.02, 0.5, 0.98)
+    for k in (1.0, 50.0)
+    for order in ("shuffled", "collector")
+]
+
+
+@dataclass
+class Outcome:
+    """What one setting measured."""
+
+    setting: Setting
+    runs: int
+    sequence: float  # share of runs the sequence always covered
+    t_every_100: float  # the same for the fixed-sample t-interval checked every 100
+    task: float | None  # share of (run, task) pairs the task sequence always covered
+    width_ratio: float  # the sequence's half-width over the t-interval's, at the end
+
+
+def t_quantile(q: float, df: float) -> float:
+    """Student's t quantile by the Cornish-Fisher expansion (Abramowitz & Stegun 26.7.5):
+    within 1e-4 for df >= 30, all the contrast needs."""
+    lo, hi = -10.0, 10.0  # the normal quantile by bisection on erf
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < q else (lo, mid)
+    z = (lo + hi) / 2
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+def simulate(s: Setting, runs: int, rng: np.random.Generator) -> tuple[F64, F64, F64]:
+    """``runs`` collections: the rewards by (task, rollout index), each task's true mean, and
+    the arrival order (indices into the flattened rewards)."""
+    k = s.concentration
+    task_means = rng.beta(s.mean * k, (1 - s.mean) * k, size=(runs, s.tasks))
+    per_rollout = np.repeat(task_means, s.repeats, axis=1)
+    if s.rewards == "binary":
+        rewards = (rng.random(per_rollout.shape) < per_rollout).astype(np.float64)
+    else:  # Beta(mu * 4, (1 - mu) * 4): bounded, mean mu, well spread
+        mu = np.clip(per_rollout, 1e-3, 1 - 1e-3)
+        rewards = rng.beta(mu * 4, (1 - mu) * 4)
+    if s.order == "shuffled":
+        arrival = rng.permuted(
+            np.broadcast_to(np.arange(per_rollout.shape[1]), rewards.shape), axis=1
+        )
+    else:  # dispatched in file order at a steady rate, _IN_FLIGHT at a time on average
+        latency = rng.lognormal(0.0, 0.5, size=rewards.shape) * (1 + (_SLOWER - 1) * (1 - rewards))
+        started = np.arange(rewards.shape[1]) * (float(latency.mean()) / _IN_FLIGHT)
+        arrival = np.argsort(started + latency, axis=1)
+    return rewards, task_means, arrival.astype(np.float64)
+
+
+def sequence_covered(
+    arrived: F64, truth: F64, alpha: float, interval: Interval = eb_interval
+) -> Bools:
+    """Per run: did the sequence hold the running truth after every rollout?"""
+    n = np.arange(1, arrived.shape[1] + 1, dtype=np.float64)
+    totals, spreads = prefix_sums(arrived)
+    theta = np.cumsum(truth, axis=1) / n
+    lower, upper = interval(n, totals, spreads, alpha)
+    hit: Bools = np.asarray(((lower <= theta) & (theta <= upper)).all(axis=1), dtype=np.bool_)
+    return hit
+
+
+def t_covered(arrived: F64, truth: F64, alpha: float, every: int) -> tuple[Bools, F64]:
+    """Per run: did a fixed-sample t-interval, re-checked every ``every`` rollouts, hold the
+    running truth at each check; and its half-width at the end."""
+    n = np.arange(1, arrived.shape[1] + 1, dtype=np.float64)
+    theta = np.cumsum(truth, axis=1) / n
+    at = slice(every - 1, None, every)
+    m = n[at]
+    mean = np.cumsum(arrived, axis=1)[:, at] / m
+    squares = np.cumsum(arrived**2, axis=1)[:, at]
+    sd = np.sqrt(np.maximum(squares - m * mean**2, 0.0) / (m - 1))
+    half = np.array([t_quantile(1 - alpha / 2, x - 1) for x in m]) * sd / np.sqrt(m)
+    hit: Bools = np.asarray((np.abs(mean - theta[:, at]) <= half).all(axis=1), dtype=np.bool_)
+    return hit, half[:, -1]
+
+
+def tasks_covered(
+    rewards: F64, task_means: F64, repeats: int, alpha: float, interval: TaskInterval
+) -> Bools:
+    """Per (run, task) of 0/1 rewards: did the task's sequence, over its rollouts in index
+    order, hold its true pass rate after every one?"""
+    by_task = rewards.reshape(-1, repeats)
+    successes = np.cumsum(by_task, axis=1).astype(np.int64)
+    trials = np.broadcast_to(np.arange(1, repeats + 1), successes.shape)
+    lower, upper = interval(successes.ravel(), trials.ravel(), alpha)
+    p = np.repeat(task_means.ravel(), repeats)
+    hit: Bools = np.asarray(
+        ((lower <= p) & (p <= upper)).reshape(-1, repeats).all(axis=1), dtype=np.bool_
+    )
+    return hit
+
+
+def measure(
+    s: Setting,
+    runs: int,
+    level: float,
+    seed: int,
+    interval: Interval = eb_interval,
+    task_interval: TaskInterval = bernoulli_interval,
+) -> Outcome:
+    """Simulate ``runs`` collections of setting ``s``, in chunks, and count (the intervals
+    are parameters so the self-test can plant narrower ones)."""
+    rng = np.random.default_rng(seed)
+    alpha = 1 - level
+    seq, tee, task, ratios = [], [], [], []
+    for start in range(0, runs, _CHUNK):
+        rewards, task_means, arrival = simulate(s, min(_CHUNK, runs - start), rng)
+        order = arrival.astype(np.int64)
+        arrived = np.take_along_axis(rewards, order, axis=1)
+        truth = np.take_along_axis(np.repeat(task_means, s.repeats, axis=1), order, axis=1)
+        seq.append(sequence_covered(arrived, truth, alpha, interval))
+        hit, t_half = t_covered(arrived, truth, alpha, every=100)
+        tee.append(hit)
+        n = np.full(len(arrived), float(arrived.shape[1]))
+        totals, spreads = prefix_sums(arrived)
+        lower, upper = interval(n, totals[:, -1], spreads[:, -1], alpha)
+        ratios.append((upper - lower) / 2 / np.where(t_half > 0, t_half, np.nan))
+        if s.rewards == "binary":
+            task.append(tasks_covered(rewards, task_means, s.repeats, alpha, task_interval))
+    return Outcome(
+        s,
+        runs,
+        float(np.concatenate(seq).mean()),
+        float(np.concatenate(tee).mean()),
+        float(np.concatenate(task).mean()) if task else None,
+        float(np.nanmedian(np.concatenate(ratios))),
+    )
+
+
+def judged(outcomes: list[Outcome], level: float) -> list[str]:
+    """Findings: a sequence covering less than ``level`` beyond 3 standard errors of the
+    simulation (per run for the agent mean, per run and task for the task sequence)."""
+    findings = []
+    for o in outcomes:
+        checks = [("sequence", o.sequence, o.runs)]
+        if o.task is not None:
+            checks.append(("task", o.task, o.runs * o.setting.tasks))
+        for what, share, count in checks:
+            noise = 3 * math.sqrt(level * (1 - level) / count)
+            if share < level - noise:
+                findings.append(f"{o.setting.name}: {what} covered in {share:.4f} of {count}")
+    return findings
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """The markdown table docs/intervals.md and BENCHMARKS.md quote."""
+    lines = [
+        "| setting | sequence, every rollout | t-interval, every 100 | task sequence "
+        "| width vs t |",
+        "|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        task = "" if o.task is None else f"{o.task:.4f}"
+        lines.append(
+            f"| {o.setting.name} | {o.sequence:.4f} | {o.t_every_100:.4f} | {task} "
+            f"| {o.width_ratio:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--level", type=float, default=0.95)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    outcomes = [measure(s, args.runs, args.level, args.seed + i) for i, s in enumerate(SETTINGS)]
+    print(table(outcomes))
+    findings = judged(outcomes, args.level)
+    for finding in findings:
+        print(f"FINDING {finding}", file=sys.stderr)
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
