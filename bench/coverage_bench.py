@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+from scipy import special
 
 from rewardstream.processors.core.confseq import bernoulli_interval, eb_interval, prefix_sums
 
@@ -91,20 +92,6 @@ class Outcome:
     width_ratio: float  # the sequence's half-width over the t-interval's, at the end
 
 
-def t_quantile(q: float, df: float) -> float:
-    """Student's t quantile by the Cornish-Fisher expansion (Abramowitz & Stegun 26.7.5):
-    within 1e-4 for df >= 30, all the contrast needs."""
-    lo, hi = -10.0, 10.0  # the normal quantile by bisection on erf
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < q else (lo, mid)
-    z = (lo + hi) / 2
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    return z + g1 / df + g2 / df**2 + g3 / df**3
-
-
 def simulate(s: Setting, runs: int, rng: np.random.Generator) -> tuple[F64, F64, F64]:
     """``runs`` collections: the rewards by (task, rollout index), each task's true mean, and
     the arrival order (indices into the flattened rewards)."""
@@ -149,7 +136,7 @@ def t_covered(arrived: F64, truth: F64, alpha: float, every: int) -> tuple[Bools
     mean = np.cumsum(arrived, axis=1)[:, at] / m
     squares = np.cumsum(arrived**2, axis=1)[:, at]
     sd = np.sqrt(np.maximum(squares - m * mean**2, 0.0) / (m - 1))
-    half = np.array([t_quantile(1 - alpha / 2, x - 1) for x in m]) * sd / np.sqrt(m)
+    half = special.stdtrit(m - 1, 1 - alpha / 2) * sd / np.sqrt(m)
     hit: Bools = np.asarray((np.abs(mean - theta[:, at]) <= half).all(axis=1), dtype=np.bool_)
     return hit, half[:, -1]
 
