@@ -14,11 +14,17 @@ __all__ = [
     "MissingKey",
     "ProfileError",
     "RewardstreamError",
+    "UsageError",
 ]
 
 
 class RewardstreamError(Exception):
     """Base class of errors caused by input or configuration, not by a bug."""
+
+
+class UsageError(RewardstreamError):
+    """A command line refused as a whole (a required setting missing, one of the wrong type):
+    ``gym`` prints the command's usage before the line, as NeMo Gym's argparse does."""
 
 
 class InputError(RewardstreamError):

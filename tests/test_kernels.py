@@ -6,6 +6,7 @@ The rules: docs/nemo-gym-compat.md §Numeric kernels.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from rewardstream.processors.core.kernels import (
     pairwise_sum,
     quantile_linear,
     t_interval,
+    welch_interval,
 )
 
 
@@ -104,3 +106,30 @@ def test_t_interval_equals_scipy_stats() -> None:
         low, high = t_interval(0.5, 0.25, df + 1)  # type: ignore[misc]
         assert low == t.ppf((1 - 0.95) / 2, df) * 0.25 + 0.5
         assert high == t.ppf((1 + 0.95) / 2, df) * 0.25 + 0.5
+
+
+def test_welch_interval_equals_scipy_stats() -> None:
+    """``ttest_ind(equal_var=False)``'s interval to the bit, on 0/1, uniform, wide, rounded
+    and nearly constant values, and on two constant samples (no variance: df 1, se 0)."""
+    from scipy.stats import ttest_ind
+
+    rng = np.random.default_rng(3)
+
+    def draw(kind: int) -> list[float]:
+        n = int(rng.integers(2, 40))
+        values = [
+            rng.integers(0, 2, n).astype(float),
+            rng.random(n),
+            rng.uniform(-1e6, 1e6, n),
+            np.round(rng.random(n), 2),
+            rng.normal(100, 1e-3, n),
+        ][kind]
+        return [float(v) for v in values]
+
+    cases = [([1.0, 1.0], [0.0, 0.0]), ([0.5] * 3, [0.5] * 2)]
+    cases += [(draw(i % 5), draw(i % 5)) for i in range(500)]
+    for a, b in cases:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scipy's "precision loss" on constant samples
+            ci = ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+        assert welch_interval(a, b) == (float(ci.low), float(ci.high))

@@ -28,6 +28,7 @@ from rewardstream.processors.core.kernels import (
     quantile_int64,
     summarize_present,
 )
+from rewardstream.processors.core.metric_names import ACROSS_REPEATS, is_primary_metric
 from rewardstream.processors.core.passk import (
     key_metrics,
     live_ks,
@@ -56,11 +57,6 @@ _SHARDS_HINT = (
     "A (task, rollout) key names one rollout of one task: shards of one collection must number "
     "their tasks across the whole dataset (give every dataset row its _ng_task_index before "
     "splitting it; rows without one are numbered from 0 in each shard)"
-)
-_NO_ACROSS_SUFFIXES = (
-    *("/max", "/min", "/median", "/p5", "/p25", "/p75", "/p95", "/ci_low_95", "/ci_high_95"),
-    *("/ci_lower", "/ci_upper", "_ci_lower", "_ci_upper", "_ci95_lower", "_ci95_upper"),
-    *("/std_dev_across_runs", "/std_err_across_runs", "/avg_sample_std_dev"),
 )
 
 
@@ -690,18 +686,14 @@ def _across_repeats(entries: list[dict[str, Any]]) -> dict[str, Any]:
     keys: dict[str, None] = {}
     for entry in entries:
         for key in entry:
-            if (
-                key.startswith("mean/")
-                and not key.endswith(_NO_ACROSS_SUFFIXES)
-                and "_across_repeats/" not in key
-            ):
+            if key.startswith("mean/") and is_primary_metric(key):
                 keys[key] = None
     out: dict[str, Any] = {}
     for key in keys:
         x = np.array([e[key] for e in entries if key in e], dtype=np.float64)
         s = summarize_present(x)
         assert s is not None
-        out |= _summary_keys(s, _ACROSS_KEYS, f"_across_repeats/{key}")
+        out |= _summary_keys(s, _ACROSS_KEYS, f"{ACROSS_REPEATS}{key}")
     return out
 
 

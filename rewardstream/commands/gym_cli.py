@@ -5,10 +5,13 @@
     gym eval run --config C --split train -o O [...]                 # ng_e2e_collect_rollouts
     gym eval profile --inputs M --rollouts R [+key=value ...]        # ng_reward_profile
     gym eval aggregate -i GLOB -o O [+key=value ...]                 # ng_aggregate_rollouts
+    gym eval compare --baseline A/r.jsonl --candidates B/r.jsonl [...]  # 0.7.0's, no ng_ name
 
 As 0.7.0 does, each flag becomes a ``+key=value`` override (``--config`` repeated becomes
-``+config_paths=[...]``) and every other argument is passed on as an override; an unknown flag
-is an error. ``gym eval run`` without ``--no-serve`` (prepare the split, start the servers,
+``+config_paths=[...]``, a path of ``compare`` a JSON string, a comma list a JSON list) and
+every other argument is passed on as an override; an unknown flag is an error, and so is a
+configuration a command refuses as a whole (``UsageError``: the command's usage, then the
+line). ``gym eval run`` without ``--no-serve`` (prepare the split, start the servers,
 collect, stop them) is ``ng_e2e_collect_rollouts``. The health-check flags are accepted and
 have no effect: rewardstream writes no rollout health reports.
 """
@@ -16,12 +19,15 @@ have no effect: rewardstream writes no rollout health reports.
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
+import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
+from rewardstream.errors import UsageError
 from rewardstream.infra.command import package_version
-from rewardstream.infra.guiding_parser import GuidingParser
 
 __all__ = ["main"]
 
@@ -29,7 +35,9 @@ __all__ = ["main"]
 class _Flag(NamedTuple):
     names: tuple[str, ...]  # "--input", "-i"
     key: str | None  # the override it becomes (None: accepted, no effect)
-    kind: str = "value"  # value, bool, or config (repeatable, +config_paths=[...])
+    kind: str = "value"  # value, json (a quoted string), list (a,b), bool, or config
+    metavar: str | None = "VALUE"  # None: argparse's, the name in capitals
+    choices: tuple[str, ...] | None = None
 
 
 _HEALTH = (
@@ -67,6 +75,23 @@ _AGGREGATE = (
     *_HEALTH,
 )
 _START = (_Flag(("--config",), "config_paths", "config"),)
+_COMPARE = (  # 0.7.0's flags, names and metavars, so its usage line is the same
+    _Flag(("-v", "--verbose"), "verbose", "bool"),
+    _Flag(("--baseline",), "baseline_rollouts_jsonl_fpath", "json", None),
+    _Flag(("--candidates",), "candidate_rollouts_jsonl_fpaths", "list", "PATH[,PATH...]"),
+    _Flag(("--baseline-agg-metrics",), "baseline_aggregate_metrics_fpath", "json", None),
+    _Flag(
+        ("--candidates-agg-metrics",),
+        "candidate_aggregate_metrics_fpaths",
+        "list",
+        "PATH[,PATH...]",
+    ),
+    _Flag(("--agent",), "agent_name", "value", None),
+    _Flag(("--baseline-agent",), "baseline_agent_name", "value", None),
+    _Flag(("--candidate-agents",), "candidate_agent_names", "list", "NAME[,NAME...]"),
+    _Flag(("--output-dir", "-o"), "output_dirpath", "json", None),
+    _Flag(("--report-format",), "report_format", "value", None, ("md", "json", "both")),
+)
 
 
 def _collect(argv: list[str]) -> int:
@@ -99,16 +124,44 @@ def _start(argv: list[str]) -> int:
     return main(argv)
 
 
+def _compare(argv: list[str]) -> int:
+    from rewardstream.commands.compare import main
+
+    return main(argv)
+
+
 _COMMANDS: dict[tuple[str, str], tuple[str, tuple[_Flag, ...], Callable[[list[str]], int]]] = {
     ("env", "start"): ("Start the servers of a config (ng_run).", _START, _start),
     ("eval", "run"): ("Collect rollouts (ng_collect_rollouts).", _RUN, _collect),
     ("eval", "profile"): ("A reward profile (ng_reward_profile).", _PROFILE, _profile),
     ("eval", "aggregate"): ("Merge and aggregate shards.", _AGGREGATE, _aggregate),
+    ("eval", "compare"): (
+        "Compare a baseline eval run against candidate runs.",
+        _COMPARE,
+        _compare,
+    ),
 }
 
 
+def _did_you_mean(word: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1)
+    return f" Did you mean `{close[0]}`?" if close else ""
+
+
+class _GymParser(argparse.ArgumentParser):
+    """0.7.0's ``gym`` parser: an invalid choice (a command, ``--report-format``) ends with
+    the closest one, in its words."""
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '([^']+)' \(choose from (.+)\)", message)
+        if choice:
+            known = re.findall(r"'([^']+)'", choice[2]) or [c.strip() for c in choice[2].split(",")]
+            message += _did_you_mean(choice[1], known)
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = GuidingParser(  # subparsers are GuidingParsers too
+    parser: argparse.ArgumentParser = _GymParser(  # subparsers are of its class too
         prog="gym", description=__doc__.splitlines()[0].replace("``", "")
     )
     parser.add_argument("--version", action="version", version=f"gym {package_version()}")
@@ -120,37 +173,55 @@ def _parser() -> argparse.ArgumentParser:
                 dest="command", required=True
             )
         sub = subs[group].add_parser(name, help=summary, description=summary)
+        sub.set_defaults(parser=sub)  # its errors name the command, as 0.7.0's
         for flag in flags:
-            dest = flag.names[0].lstrip("-").replace("-", "_")
+            dest = _dest(flag)
             if flag.kind == "bool":
                 sub.add_argument(*flag.names, dest=dest, action="store_true")
             elif flag.kind == "config":
                 sub.add_argument(*flag.names, dest=dest, action="append", metavar="PATH")
             else:
-                sub.add_argument(*flag.names, dest=dest, metavar="VALUE")
-        sub.add_argument("overrides", nargs="*", help="+key=value overrides, passed on")
+                sub.add_argument(*flag.names, dest=dest, metavar=flag.metavar, choices=flag.choices)
     return parser
+
+
+def _dest(flag: _Flag) -> str:
+    return flag.names[0].lstrip("-").replace("-", "_")
+
+
+def _override(flag: _Flag, value: str | list[str] | bool) -> str:
+    """The ``+key=value`` a given flag becomes."""
+    if flag.kind == "bool":
+        return f"+{flag.key}=true"
+    if flag.kind == "config":
+        return f"+{flag.key}=[{','.join(value)}]"  # type: ignore[arg-type]
+    if flag.kind == "json":
+        return f"+{flag.key}={json.dumps(value)}"
+    if flag.kind == "list":
+        items = [json.dumps(item.strip()) for item in str(value).split(",") if item.strip()]
+        return f"+{flag.key}=[{','.join(items)}]"
+    return f"+{flag.key}={value}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
-    parsed = parser.parse_args(args)  # an unknown flag: argparse's usage error, exit 2
+    parsed, rest = _parser().parse_known_args(args)
+    chosen: argparse.ArgumentParser = parsed.parser  # the command's: its usage, its name
+    unknown = [token for token in rest if token.startswith("-")]  # overrides never start so
+    if unknown:  # argparse's usage error, exit 2, each flag with its closest known one
+        options = [name for action in chosen._actions for name in action.option_strings]
+        names = [token.split("=", 1)[0] for token in unknown]
+        hints = "".join(_did_you_mean(name, [o for o in options if o != name]) for name in names)
+        chosen.error(f"unrecognized arguments: {' '.join(unknown)}{hints}")
     _, flags, target = _COMMANDS[(parsed.group, parsed.command)]
     if (parsed.group, parsed.command) == ("eval", "run") and not parsed.no_serve:
         target = _e2e  # 0.7.0: serve, then collect
-    overrides = []
-    for flag in flags:
-        value = getattr(parsed, flag.names[0].lstrip("-").replace("-", "_"))
-        if flag.key is None or value in (None, False):
-            continue
-        if flag.kind == "bool":
-            overrides.append(f"+{flag.key}=true")
-        elif flag.kind == "config":
-            overrides.append(f"+{flag.key}=[{','.join(value)}]")
-        else:
-            overrides.append(f"+{flag.key}={value}")
-    return target([*overrides, *parsed.overrides])
+    given = [(flag, getattr(parsed, _dest(flag))) for flag in flags if flag.key is not None]
+    overrides = [_override(flag, value) for flag, value in given if value not in (None, False)]
+    try:
+        return target([*overrides, *rest])
+    except UsageError as exc:
+        chosen.error(str(exc))
 
 
 if __name__ == "__main__":
