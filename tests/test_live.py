@@ -165,7 +165,21 @@ def test_a_reward_outside_the_range_withdraws_the_interval(tmp_path: Path) -> No
         "lower": None,
         "upper": None,
         "outside": 1,
+        "sums": [3, 1.5, live.tally.spread],
     }
+
+
+def test_the_sums_rebuild_the_interval_at_any_level() -> None:
+    """``sums`` with ``range`` and ``outside`` are the whole tally: a client's rebuilt one
+    gives the view's interval, and one at another level (what ``rewardstream compare`` does)."""
+    live = AgentLive(tally=Tally(lo=-1.0, hi=2.0))
+    live.tally.add_many(np.array([0.0, 1.5, 0.5, -1.0, 2.0, 0.25]))
+    shown = orjson.loads(orjson.dumps(live.interval()))
+    (lo, hi), (n, total, spread) = shown["range"], shown["sums"]
+    rebuilt = Tally(lo, hi, n, total, spread, shown["outside"])
+    assert rebuilt == live.tally
+    assert rebuilt.interval() == (shown["lower"], shown["upper"])
+    assert rebuilt.interval(0.975) == live.tally.interval(0.975)
 
 
 def test_an_older_processors_summary_has_no_interval_sums() -> None:

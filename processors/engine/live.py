@@ -146,7 +146,9 @@ class AgentLive:
     def interval(self, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
         """The anytime-valid interval of the mean reward (and of pass@1, which estimates the
         same mean: docs/intervals.md); ``lower``/``upper`` are None once a reward fell outside
-        the range, which ``outside`` counts."""
+        the range, which ``outside`` counts. ``sums`` are the tally's ``[n, total, spread]``
+        (unit scale): with ``range`` and ``outside`` a client rebuilds the :class:`Tally` and
+        its interval at any level (``rewardstream compare``)."""
         t = self.tally
         now = t.interval(level)
         return {
@@ -155,6 +157,7 @@ class AgentLive:
             "lower": None if now is None else now.lower,
             "upper": None if now is None else now.upper,
             "outside": t.outside,
+            "sums": [t.n, t.total, t.spread],
         }
 
     def to_wire(self) -> AgentProgress:
