@@ -5,29 +5,27 @@ and redraws one table per poll with rich: per run its state (a stalled run: sinc
 has had no event, rate 0, no ETA), rollouts of expected, rate and ETA (from the last two
 polls), failed attempts, and per agent the rollouts, the reward's mean, std, min and max, the
 mean's anytime-valid 95% interval (docs/intervals.md), the share of zero-variance tasks, pass@1
-and pass@k. The tables fit the terminal
-(:func:`_fitted`: columns of less use give way first, then names are cut; the state,
-rollouts, mean, std and pass@1 never are). A processor that cannot be reached is said in the
+and pass@k. The tables fit the terminal (:func:`~rewardstream.commands.live_table.fitted`:
+columns of less use give way first, then names are cut; the state, rollouts, mean, std and
+pass@1 never are). A processor that cannot be reached is said in the
 table's caption, and watching goes on; ``--once`` prints one table and exits (2 when the
 processor cannot be reached).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import urllib.error
 import urllib.parse
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from rich.console import Console, Group
-from rich.live import Live
 from rich.table import Table
 
+from rewardstream.commands.live_table import Column, fitted, get_json, poll_loop
 from rewardstream.errors import InputError
-from rewardstream.infra.http_security import HttpSecurity, open_url
+from rewardstream.infra.http_security import HttpSecurity
 
 __all__ = ["watch"]
 
@@ -37,15 +35,10 @@ class _Seen(NamedTuple):
     rollouts: int
 
 
-def _get(base: str, path: str, security: HttpSecurity) -> Any:
-    with open_url(security, f"{base.rstrip('/')}{path}") as r:
-        return json.loads(r.read())
-
-
 def _runs(base: str, run_id: str | None, security: HttpSecurity) -> list[dict[str, Any]]:
     """Each run's ``/runs/<id>`` (one run, or every run the processor knows)."""
-    ids = [run_id] if run_id else [r["run_id"] for r in _get(base, "/runs", security)]
-    return [_get(base, f"/runs/{urllib.parse.quote(i, safe='')}", security) for i in ids]
+    ids = [run_id] if run_id else [r["run_id"] for r in get_json(base, "/runs", security)]
+    return [get_json(base, f"/runs/{urllib.parse.quote(i, safe='')}", security) for i in ids]
 
 
 def _num(value: Any, digits: int = 4) -> str:
@@ -73,84 +66,29 @@ def _failed(run: dict[str, Any]) -> str:
     return str(count) if rate is None else f"{count} ({100 * rate:.1f}%)"
 
 
-class _Column(NamedTuple):
-    name: str
-    drop: int  # 0: always shown; higher numbers go first when the terminal is narrow
-
-
 # What a user needs at any width (rollouts, mean, std, pass@1, state) has drop 0.
 _RUN_COLUMNS = (
-    _Column("run", 0),
-    _Column("state", 0),
-    _Column("rollouts", 0),
-    _Column("expected", 2),
-    _Column("rate/s", 1),
-    _Column("ETA", 1),
-    _Column("failed", 3),
-    _Column("dup. dropped", 4),
+    Column("run", 0),
+    Column("state", 0),
+    Column("rollouts", 0),
+    Column("expected", 2),
+    Column("rate/s", 1),
+    Column("ETA", 1),
+    Column("failed", 3),
+    Column("dup. dropped", 4),
 )
 _AGENT_COLUMNS = (
-    _Column("agent", 0),
-    _Column("rollouts", 0),
-    _Column("mean", 0),
-    _Column("std", 0),
-    _Column("pass@1", 0),
-    _Column("mean interval", 1),
-    _Column("min", 2),
-    _Column("max", 2),
-    _Column("zero-var", 3),
-    _Column("pass@k", 1),
+    Column("agent", 0),
+    Column("rollouts", 0),
+    Column("mean", 0),
+    Column("std", 0),
+    Column("pass@1", 0),
+    Column("mean interval", 1),
+    Column("min", 2),
+    Column("max", 2),
+    Column("zero-var", 3),
+    Column("pass@k", 1),
 )
-
-
-def _table(
-    columns: tuple[_Column, ...],
-    rows: Sequence[tuple[str, ...]],
-    keep: list[int],
-    first_width: int | None,
-    table: dict[str, Any],
-) -> Table:
-    """The ``keep`` columns of ``rows``: figures at their full width, the first (a name, cut
-    with an ellipsis) at most ``first_width``."""
-    built = Table(expand=False, **table)
-    for i in keep:
-        name = columns[i].name
-        widest = max([len(name), *(len(row[i]) for row in rows)])
-        built.add_column(
-            name,
-            justify="left" if i == 0 or name == "state" else "right",
-            no_wrap=True,
-            overflow="ellipsis" if i == 0 else "fold",
-            min_width=None if i == 0 else widest,
-            max_width=first_width if i == 0 else None,
-        )
-    for row in rows:
-        built.add_row(*(row[i] for i in keep))
-    return built
-
-
-def _fitted(
-    console: Console,
-    columns: tuple[_Column, ...],
-    rows: Sequence[tuple[str, ...]],
-    **table: Any,
-) -> Table:
-    """A table of ``rows`` with the columns that fit the console: the highest ``drop`` first
-    (the last of equals first) until it fits, then the first column (names) narrowed; figures
-    are never cut."""
-    keep = list(range(len(columns)))
-    by_drop = sorted(keep, key=lambda i: (columns[i].drop, i), reverse=True)
-    wide = console.options.update_width(10_000)
-    while True:
-        built = _table(columns, rows, keep, None, table)
-        natural = console.measure(built, options=wide).maximum
-        dropped = next((i for i in by_drop if i in keep and columns[i].drop > 0), None)
-        if natural <= console.width:
-            return built
-        if dropped is None:
-            names = max([len(columns[0].name), *(len(row[0]) for row in rows)])
-            return _table(columns, rows, keep, max(6, names - (natural - console.width)), table)
-        keep.remove(dropped)
 
 
 def _interval(interval: dict[str, Any] | None) -> str:
@@ -173,7 +111,7 @@ def render(
     console: Console | None = None,
 ) -> Group:
     """The runs table and, per run, its agents' table, with the columns that fit
-    ``console``'s width (:func:`_fitted`)."""
+    ``console``'s width (:func:`~rewardstream.commands.live_table.fitted`)."""
     console = console or Console(width=200)
     rows = []
     for run in runs:
@@ -190,7 +128,7 @@ def render(
                 str(run.get("duplicates_dropped", 0)),
             )
         )
-    overview = _fitted(console, _RUN_COLUMNS, rows, title="rewardstream runs", caption=caption)
+    overview = fitted(console, _RUN_COLUMNS, rows, title="rewardstream runs", caption=caption)
     parts: list[Table] = [overview]
     for run in runs:
         agents = []
@@ -212,7 +150,7 @@ def render(
                     " ".join(f"@{k}={v:.1f}" for k, v in passes.items()),
                 )
             )
-        parts.append(_fitted(console, _AGENT_COLUMNS, agents, title=f"{run['run_id']}: agents"))
+        parts.append(fitted(console, _AGENT_COLUMNS, agents, title=f"{run['run_id']}: agents"))
     return Group(*parts)
 
 
@@ -249,18 +187,4 @@ def watch(
         caption = f"{url}, {stamp}, every {interval:g} s (Ctrl-C to stop)"
         return render(runs, rates, caption, console)
 
-    if once:
-        try:
-            console.print(poll())
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise InputError(f"cannot reach {url}: {reason}") from None
-        return 0
-    with Live(console=console, auto_refresh=False) as live:
-        while True:
-            try:
-                live.update(poll(), refresh=True)
-            except (urllib.error.URLError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                live.update(f"cannot reach {url}: {reason} (retrying)", refresh=True)
-            time.sleep(interval)
+    return poll_loop(console, poll, url, interval, once)
