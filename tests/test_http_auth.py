@@ -300,6 +300,7 @@ def test_the_stream_command_refuses_a_public_bind_without_a_token(
 COMMANDS = {
     "stream": ["stream", "--bootstrap", "127.0.0.1:1"],
     "watch": ["watch", "--url", "1", "--once"],
+    "compare": ["compare", "--url", "1", "--baseline-run", "a", "--candidate-run", "b", "--once"],
     "snapshot": ["snapshot", "--url", "1", "--run-id", "r", "--out", "o"],
     "curate": ["curate", "--url", "1", "--run-id", "r", "--out", "o"],
 }

@@ -189,6 +189,29 @@ def _wait_seconds(text: str) -> float:
     return value
 
 
+def _level(text: str) -> float:
+    """A confidence level strictly between 0 and 1."""
+    value = _number(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a level in (0, 1), e.g. 0.95, got {text!r}")
+    return value
+
+
+def _noise_floor(text: str) -> float:
+    """A finite difference of mean reward >= 0."""
+    value = _number(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def _finite(text: str) -> float:
     try:
         value = float(text)
@@ -342,6 +365,23 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     from rewardstream.commands.watch import watch
 
     return watch(args.url, args.run_id, args.interval, args.once, http_security.from_args(args))
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from rewardstream.commands.live_compare import live_compare
+
+    return live_compare(
+        args.url,
+        args.baseline_run,
+        args.candidate_run,
+        level=args.level,
+        noise_floor=args.noise_floor,
+        agent=args.agent,
+        interval=args.interval,
+        once=args.once,
+        as_json=args.json,
+        security=http_security.from_args(args),
+    )
 
 
 def _cmd_curate(args: argparse.Namespace) -> int:
@@ -612,6 +652,39 @@ def build_parser() -> argparse.ArgumentParser:
     wa.add_argument("--once", action="store_true", help="print the table once and exit")
     http_security.add_client_arguments(wa)
     wa.set_defaults(func=_cmd_watch)
+    co = sub.add_parser(
+        "compare",
+        help="a candidate run against a baseline, live: the difference of mean reward per "
+        "agent with an interval and a verdict valid however often you look",
+    )
+    co.add_argument(
+        "--url", required=True, type=_http_url, help="the processor's http://HOST:PORT (or PORT)"
+    )
+    co.add_argument("--baseline-run", required=True, metavar="RUN", help="the baseline run id")
+    co.add_argument("--candidate-run", required=True, metavar="RUN", help="the candidate run id")
+    co.add_argument(
+        "--level",
+        type=_level,
+        default=0.95,
+        help="the difference's level, in (0, 1); each run's interval is taken at 1 - (1 - "
+        "LEVEL) / 2 (0.95)",
+    )
+    co.add_argument(
+        "--noise-floor",
+        type=_noise_floor,
+        default=0.01,
+        metavar="D",
+        help="better: the interval is above D; worse: below -D; no difference: within "
+        "[-D, D] (0.01)",
+    )
+    co.add_argument("--agent", metavar="NAME", help="only this agent (default: those in both)")
+    co.add_argument(
+        "--interval", type=_seconds, default=2.0, metavar="S", help="poll every S s (2)"
+    )
+    co.add_argument("--once", action="store_true", help="print the comparison once and exit")
+    co.add_argument("--json", action="store_true", help="the comparison as JSON, a line a poll")
+    http_security.add_client_arguments(co)
+    co.set_defaults(func=_cmd_compare)
     cu = sub.add_parser(
         "curate",
         help="write the tasks whose pass rate is in a band (and/or whose reward varies) as "
