@@ -92,11 +92,15 @@ class Outcome:
     width_ratio: float  # the sequence's half-width over the t-interval's, at the end
 
 
-def simulate(s: Setting, runs: int, rng: np.random.Generator) -> tuple[F64, F64, F64]:
-    """``runs`` collections: the rewards by (task, rollout index), each task's true mean, and
-    the arrival order (indices into the flattened rewards)."""
-    k = s.concentration
-    task_means = rng.beta(s.mean * k, (1 - s.mean) * k, size=(runs, s.tasks))
+def simulate(
+    s: Setting, runs: int, rng: np.random.Generator, task_means: F64 | None = None
+) -> tuple[F64, F64, F64]:
+    """``runs`` collections: the rewards by (task, rollout index), each task's true mean
+    (drawn, unless ``task_means`` are given: another collection of the same tasks), and the
+    arrival order (indices into the flattened rewards)."""
+    if task_means is None:
+        k = s.concentration
+        task_means = rng.beta(s.mean * k, (1 - s.mean) * k, size=(runs, s.tasks))
     per_rollout = np.repeat(task_means, s.repeats, axis=1)
     if s.rewards == "binary":
         rewards = (rng.random(per_rollout.shape) < per_rollout).astype(np.float64)
@@ -233,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     outcomes = [measure(s, args.runs, args.level, args.seed + i) for i, s in enumerate(SETTINGS)]
     print(table(outcomes))
-    findings = judged(outcomes, args.level)
+    return said(judged(outcomes, args.level))
+
+
+def said(findings: list[str]) -> int:
+    """Each finding on stderr; the exit code: 1 if there is any."""
     for finding in findings:
         print(f"FINDING {finding}", file=sys.stderr)
     return 1 if findings else 0
