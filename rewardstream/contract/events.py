@@ -47,7 +47,9 @@ from rewardstream.contract.names import (
     valid_output_stem,
 )
 from rewardstream.errors import InputError, MissingKey
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.records import NO_ANSWER, ResultRecord
+from rewardstream.processors.core.stopping import Reason, StopRule
 
 __all__ = [
     "MAX_NAME_BYTES",
@@ -56,6 +58,7 @@ __all__ = [
     "AttemptFailed",
     "BadEvent",
     "ControlEvent",
+    "EarlyStop",
     "Event",
     "EventKind",
     "Input",
@@ -301,6 +304,28 @@ def _check_big(rec: RolloutRecord) -> None:
             )
 
 
+class EarlyStop(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A run's opt-in early stop (docs/early-stop.md): stop an agent once its mean reward's
+    interval at ``level`` is no wider than ``half_width`` each side, and/or skip a task's
+    remaining repeats once its final mean's place relative to ``band`` is fixed; ``repeats``
+    is the rollouts per task and agent of the full collection, ``reward_range`` the declared
+    range of every reward. The processors publish what they decide on
+    :func:`~rewardstream.contract.decisions.decisions_topic`."""
+
+    repeats: Annotated[int, Meta(ge=1)]
+    half_width: float | None = None
+    band: tuple[float, float] | None = None
+    level: float = DEFAULT_LEVEL
+    reward_range: tuple[float, float] = (0.0, 1.0)
+
+    def rule(self) -> StopRule:
+        return StopRule(self.repeats, self.half_width, self.band, self.level, *self.reward_range)
+
+    def __post_init__(self) -> None:
+        if (problem := self.rule().problem()) is not None:
+            raise ValueError(problem)
+
+
 class RunStarted(_Event, kw_only=True):
     """A collection began (``type: "run_started"``).
 
@@ -309,7 +334,8 @@ class RunStarted(_Event, kw_only=True):
       (``^[\\w.-]+$``, at most 200 bytes in UTF-8);
     - ``aggregate_metrics``: its snapshots and final also carry ``_aggregate_metrics.json``
       (pass@k and friends), ``_task_difficulty.json`` and ``_intervals.json``;
-    - ``answer_key``: the result field its rollout records carry answers of (majority@k).
+    - ``answer_key``: the result field its rollout records carry answers of (majority@k);
+    - ``early_stop``: the run may end early on the processors' decisions (:class:`EarlyStop`).
     """
 
     type: Literal["run_started"] = "run_started"
@@ -317,6 +343,7 @@ class RunStarted(_Event, kw_only=True):
     output_stem: _Stem
     aggregate_metrics: bool = False
     answer_key: str | None = None
+    early_stop: EarlyStop | None = None
 
     def __post_init__(self) -> None:
         _check_run_id(self.run_id)
@@ -325,9 +352,11 @@ class RunStarted(_Event, kw_only=True):
 
 class RunFinished(_Event, kw_only=True):
     """The collection ended, complete or not (``type: "run_finished"``): the processor writes
-    the final profile."""
+    the final profile. ``skipped``: the rows an early stop left out, per reason (none: absent),
+    which the final carries as why the run ended early."""
 
     type: Literal["run_finished"] = "run_finished"
+    skipped: dict[Reason, _Count] | None = None
 
 
 class AttemptFailed(_Event, kw_only=True):
@@ -376,10 +405,12 @@ def encode(event: Event) -> bytes:
     fields = _asdict(event)
     if type(event) is RunStarted:
         fields = {k: v for k, v in fields.items() if _STARTED_DEFAULTS.get(k, _KEEP) != v}
+    elif type(event) is RunFinished and event.skipped is None:
+        del fields["skipped"]
     return orjson.dumps(fields, default=_wire)
 
 
-_STARTED_DEFAULTS = {"aggregate_metrics": False, "answer_key": None}
+_STARTED_DEFAULTS = {"aggregate_metrics": False, "answer_key": None, "early_stop": None}
 _KEEP = object()
 
 
@@ -402,6 +433,8 @@ def _wire(value: object) -> dict[str, Any]:
         if big:
             wire[_BIG] = big
         return wire
+    if type(value) is EarlyStop:
+        return _asdict(value)
     raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 
 

@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
+from rewardstream.contract.decisions import decisions_topic
 from rewardstream.contract.engine import (
     CHUNK_BYTES,
     EngineTopics,
@@ -70,12 +71,13 @@ async def ensure_topics(
     metadata may be stale; one naming a topic would auto-create it).
 
     A missing topic is created first in its shape by its creator: a ``processor`` creates the
-    engine topics (compacted) and control, a ``publisher`` creates control (auto-creation would
-    give it the broker's ``num.partitions``) and a data topic whose sibling exists (with the
-    sibling's count; two missing data topics are auto-created alike by the first send); a
-    ``reader`` creates nothing. Engine and control replication is the broker's default (three
+    engine topics (compacted), control and decisions, a ``publisher`` control and decisions
+    (auto-creation would give them the broker's ``num.partitions``) and a data topic whose
+    sibling exists (with the sibling's count; two missing data topics are auto-created alike by
+    the first send); a ``reader`` creates nothing. Engine and control replication is the broker's default (three
     on a three-broker ``kafka start``)."""
     single = _one_partition(topics)
+    decisions = decisions_topic(topics)
     siblings = {topics.inputs: topics.rollouts, topics.rollouts: topics.inputs}
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
     await start_client(admin, bootstrap, security)
@@ -84,13 +86,13 @@ async def ensure_topics(
         wanted = []
         if role != "reader":
             brokers = len((await admin.describe_cluster())["brokers"])
-            mine = single if role == "processor" else (topics.control, *siblings)
+            mine = single if role == "processor" else (topics.control, decisions, *siblings)
             for name in (n for n in mine if n not in shapes):
                 if name in siblings:
                     if (sibling := shapes.get(siblings[name])) is not None:
                         wanted.append(NewTopic(name, len(sibling), len(sibling[0]["replicas"])))
                 else:
-                    configs = {} if name == topics.control else _COMPACT
+                    configs = {} if name in (topics.control, decisions) else _COMPACT
                     wanted.append(NewTopic(name, 1, min(3, brokers), topic_configs=configs))
         if wanted:
             response = await admin.create_topics(wanted)
@@ -123,9 +125,9 @@ def _check(shapes: dict[str, list[dict[str, Any]]], topics: Topics) -> None:
 
 
 def _one_partition(topics: Topics) -> tuple[str, ...]:
-    """The topics read as one partition: the engine's, and control."""
+    """The topics read as one partition: the engine's, control and decisions."""
     engine = EngineTopics.of(topics)
-    return engine.members, engine.finals, engine.profiles, topics.control
+    return engine.members, engine.finals, engine.profiles, topics.control, decisions_topic(topics)
 
 
 def _partitions_of(n: int) -> str:

@@ -1,0 +1,142 @@
+"""When a collection may stop early: decisions that the rest of the collection cannot change.
+
+Two opt-in rules (docs/early-stop.md states them with their guarantees):
+
+- **Agent** (:func:`agent_settled`): stop collecting an agent once its mean reward's
+  anytime-valid interval (:class:`~rewardstream.processors.core.confseq.Tally`) is no wider than
+  ``half_width`` on each side. A confidence sequence covers at every moment at once, so it
+  still covers at a moment chosen by looking at it: stopping on it is what it is made for.
+- **Task** (:func:`task_place`): skip a task's remaining repeats once the place of its final
+  mean reward relative to a curate band is fixed *whatever they score*. Rewards lie in the
+  declared range ``[lo, hi]``, so after ``n`` of ``repeats`` rollouts summing to ``total`` the
+  final mean is within ``[(total + r lo) / repeats, (total + r hi) / repeats]``, ``r`` the
+  repeats left. No probability is involved: ``rewardstream curate`` with that band keeps
+  exactly the tasks it would keep after the full collection.
+
+Pure, no I/O: the collector folds its own results with :class:`Stopper` when it decides alone,
+and the stream processors apply the same two functions to the sums they hold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL, Interval, Tally
+
+__all__ = ["REASONS", "Reason", "StopRule", "Stopper", "Verdict", "agent_settled", "task_place"]
+
+Reason = Literal["half-width", "inside-band", "below-band", "above-band"]
+REASONS: tuple[Reason, ...] = ("half-width", "inside-band", "below-band", "above-band")
+
+MARGIN = 1e-9
+"""How far inside a band edge a bound must be: the profile's mean is a float sum divided by the
+repeats, whose rounding (below 1e-10 for a million repeats in [0, 1]) must not move a task
+across an edge the rule said it could not reach."""
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """What a run asked to stop for: ``half_width`` (agent rule), ``band`` (task rule), or
+    both; ``repeats`` is the rollouts per task and agent of the full collection."""
+
+    repeats: int
+    half_width: float | None = None
+    band: tuple[float, float] | None = None
+    level: float = DEFAULT_LEVEL
+    lo: float = 0.0
+    hi: float = 1.0
+
+    def problem(self) -> str | None:
+        """Why the rule cannot be applied (one line, naming the setting), or None."""
+        if self.half_width is None and self.band is None:
+            return "early_stop needs half_width and/or band"
+        if self.half_width is not None and not (0 < self.half_width < math.inf):
+            return f"early_stop.half_width must be a positive number, got {self.half_width!r}"
+        if self.band is not None:
+            low, high = self.band
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+                return f"early_stop.band needs finite LO <= HI, got {list(self.band)!r}"
+        if not 0 < self.level < 1:
+            return f"early_stop.level must be between 0 and 1, got {self.level!r}"
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi) and self.lo < self.hi):
+            return f"early_stop.reward_range needs finite LO < HI, got {[self.lo, self.hi]!r}"
+        if self.repeats < 1:
+            return f"early_stop needs at least one repeat per task, got {self.repeats}"
+        return None
+
+
+def task_place(total: float, n: int, rule: StopRule) -> Reason | None:
+    """Where the task's final mean reward will be relative to ``rule.band``, when that is
+    already fixed after ``n`` rollouts summing to ``total`` (all inside the reward range);
+    None while the repeats left could still move it across an edge (or none are left)."""
+    if rule.band is None or n >= rule.repeats or not math.isfinite(total):
+        return None
+    left = rule.repeats - n
+    low = (total + left * rule.lo) / rule.repeats
+    high = (total + left * rule.hi) / rule.repeats
+    edge_lo, edge_hi = rule.band
+    if high < edge_lo - MARGIN:
+        return "below-band"
+    if low > edge_hi + MARGIN:
+        return "above-band"
+    if low >= edge_lo + MARGIN and high <= edge_hi - MARGIN:
+        return "inside-band"
+    return None
+
+
+def agent_settled(tally: Tally, rule: StopRule) -> Interval | None:
+    """The agent's interval when it is no wider than ``rule.half_width`` each side (the agent
+    rule is met), else None."""
+    if rule.half_width is None:
+        return None
+    now = tally.interval(rule.level)
+    if now is None or (now.upper - now.lower) / 2 > rule.half_width:
+        return None
+    return now
+
+
+class Verdict(NamedTuple):
+    """One decision: stop ``agent`` (``task`` None) or skip the rest of ``task`` for
+    ``agent``, after ``rollouts`` rollouts of it, because of ``reason``."""
+
+    agent: str
+    task: int | None
+    reason: Reason
+    rollouts: int
+
+
+@dataclass
+class _TaskSums:
+    total: float = 0.0
+    n: int = 0
+    open: bool = True  # False once a result fell outside the range, or once it was decided
+
+
+@dataclass
+class Stopper:
+    """Folds results one at a time and returns each decision once, the moment it is met."""
+
+    rule: StopRule
+    agents: dict[str, Tally] = field(default_factory=dict)
+    _tasks: dict[tuple[str, int], _TaskSums] = field(default_factory=dict)
+    _stopped: set[str] = field(default_factory=set)
+
+    def add(self, agent: str, task: int, reward: float | None) -> list[Verdict]:
+        """Fold one result (``reward`` None: not a number, which no rule passes over)."""
+        rule, decided = self.rule, []
+        tally = self.agents.setdefault(agent, Tally(rule.lo, rule.hi))
+        sums = self._tasks.setdefault((agent, task), _TaskSums())
+        value = math.nan if reward is None else reward
+        tally.add(value)
+        sums.n += 1
+        sums.total += value
+        sums.open = sums.open and rule.lo <= value <= rule.hi
+        if sums.open and (place := task_place(sums.total, sums.n, rule)) is not None:
+            decided.append(Verdict(agent, task, place, sums.n))
+            sums.open = False
+        if agent not in self._stopped and agent_settled(tally, rule) is not None:
+            self._stopped.add(agent)
+            decided.append(Verdict(agent, None, "half-width", tally.n))
+        return decided
