@@ -18,6 +18,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from rewardstream.contract.engine import EngineTopics
 from rewardstream.contract.events import Topics
+from rewardstream.contract.names import default_group
 from rewardstream.errors import InputError
 from rewardstream.infra.http_security import HttpSecurity
 from rewardstream.kafka.config import KafkaSecurity, start_client
@@ -81,7 +82,7 @@ class StreamProcessor:
         self.topics = topics or Topics.for_prefix()
         self.prefix = self.topics.control.removesuffix(".control")
         self.engine_topics = EngineTopics.of(self.topics)
-        self.group_id = group_id or f"{self.prefix}-profiler"
+        self.group_id = group_id or default_group(self.prefix)
         self._own_state = state_dir is None  # a fresh temporary folder, removed at the end
         self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="rewardstream-state-"))
         self.advertise = advertise

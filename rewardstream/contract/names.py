@@ -19,6 +19,7 @@ __all__ = [
     "Aggregates",
     "ProfilePaths",
     "check_topic_prefix",
+    "default_group",
     "fits_a_name",
     "run_id_from",
     "valid_output_stem",
@@ -51,6 +52,11 @@ def fits_a_name(value: str) -> str:
     if len(value.encode()) > MAX_NAME_BYTES:
         raise ValueError(f"must be at most {MAX_NAME_BYTES} bytes in UTF-8 (it names a file)")
     return value
+
+
+def default_group(prefix: str) -> str:
+    """The processors' consumer group when none is named: ``<prefix>-profiler``."""
+    return f"{prefix}-profiler"
 
 
 def run_id_from(text: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rewardstream.contract.engine import EngineTopics
 from rewardstream.contract.events import Topics
+from rewardstream.contract.names import default_group
 from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.sinks.files import ProfilePaths
 from rewardstream.sinks.topics.content import FilesContent, refuse
@@ -50,7 +51,7 @@ async def wait_profile(
         security,
         EngineTopics.of(topics),
         prefix,
-        group or f"{prefix}-profiler",
+        group or default_group(prefix),
         run_id,
         out,
         timeout,
