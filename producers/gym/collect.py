@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from io import FileIO
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple, TypeVar
@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 import orjson
 import yaml
 from aiohttp import ClientError, ClientSession, ClientTimeout
+from aiokafka.errors import KafkaError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from tqdm import tqdm
 
@@ -60,6 +61,7 @@ from rewardstream.contract.events import (
     AttemptFailed,
     BadEvent,
     ControlEvent,
+    EarlyStop,
     EventKind,
     RunFinished,
     RunStarted,
@@ -67,7 +69,12 @@ from rewardstream.contract.events import (
     checked,
     encode,
 )
-from rewardstream.contract.names import DEFAULT_TOPIC_PREFIX, ProfilePaths, check_topic_prefix
+from rewardstream.contract.names import (
+    DEFAULT_TOPIC_PREFIX,
+    ProfilePaths,
+    check_topic_prefix,
+    default_group,
+)
 from rewardstream.errors import InputError, LineError, RewardstreamError
 from rewardstream.gym_servers.base import server_specs
 from rewardstream.gym_servers.client import JsonClient
@@ -80,11 +87,18 @@ from rewardstream.infra.overrides import parse_overrides
 from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.kafka.options import normalize_bootstrap
 from rewardstream.producers.events import input_event, rollout_event
+from rewardstream.producers.gym.early_stop import (
+    EarlyStopConfig,
+    Skips,
+    dispatch_order,
+    skipped_path,
+)
 from rewardstream.producers.gym.materialize import MaterializeOptions, materialize, write_rows
 from rewardstream.producers.publisher.live import EventSink, KafkaSink
 from rewardstream.producers.publisher.run_id import default_run_id
 from rewardstream.sinks.files import check_replaceable, profile_lines, write_files
 from rewardstream.sinks.topics.content import Conflict, files_content, finals_of_run, refuse
+from rewardstream.sinks.topics.decisions import follow_decisions, start_offset
 from rewardstream.sinks.topics.pages import page_line
 from rewardstream.sinks.topics.wait import wait_profile
 
@@ -163,6 +177,7 @@ class CollectConfig(MaterializeOptions, Servers):
     kafka_wait_profile_timeout_s: float = Field(default=600.0, gt=0)
     kafka_aggregate_metrics: bool = False
     kafka_answer_key: str | None = None
+    early_stop: EarlyStopConfig | None = None
     quiet: bool = False
 
 
@@ -173,6 +188,7 @@ class CollectionPaths(NamedTuple):
     inputs: Path
     failures: Path
     aggregate: Path
+    skipped: Path  # the rows an early stop left out (docs/early-stop.md)
 
     @classmethod
     def of(cls, output: Path) -> CollectionPaths:
@@ -182,6 +198,7 @@ class CollectionPaths(NamedTuple):
             output.with_name(f"{stem}_materialized_inputs.jsonl"),
             output.with_name(f"{stem}_failures.jsonl"),
             output.with_name(f"{stem}_aggregate_metrics.json"),
+            skipped_path(output),
         )
 
     def every_file(self) -> list[Path]:
@@ -203,6 +220,7 @@ class CollectReport(NamedTuple):
     seconds: float
     aggregate_written: bool
     profile: ProfilePaths | None = None  # the streamed final profile (+kafka_wait_profile)
+    skipped: Mapping[str, int] | None = None  # rows an early stop left out, per reason
 
 
 class _Failure(NamedTuple):
@@ -332,7 +350,7 @@ class _Plan(NamedTuple):
 def _fresh(cfg: CollectConfig) -> _Plan:
     """The rows of a new collection, in memory: nothing is written yet."""
     rows = materialize(cfg.input_jsonl_fpath, cfg)
-    return _Plan(rows, list(rows), [], {}, {})
+    return _Plan(rows, dispatch_order(rows) if cfg.early_stop else list(rows), [], {}, {})
 
 
 def _start_fresh(paths: CollectionPaths, rows: list[dict[str, Any]]) -> None:
@@ -363,6 +381,18 @@ def _start_fresh(paths: CollectionPaths, rows: list[dict[str, Any]]) -> None:
         )
 
 
+def _set_aside(skipped: Path) -> None:
+    """A resume without the early stop collects the rows an earlier part skipped: their list
+    no longer holds, and is kept as a numbered backup."""
+    backup = skipped.with_name(f"{skipped.name}.~{1 + _backup_number(skipped)}~")
+    os.rename(skipped, backup)
+    print(
+        f"Resuming without early_stop: the rows it skipped are collected now; their list is "
+        f"kept as {backup.name}",
+        file=sys.stderr,
+    )
+
+
 def _backup_number(path: Path) -> int:
     """The highest N of the ``PATH.~N~`` backups there are (0: none)."""
     found = glob.glob(f"{glob.escape(str(path))}.~[0-9]*~")
@@ -370,9 +400,12 @@ def _backup_number(path: Path) -> int:
     return max((int(n) for n in numbers if n.isdigit()), default=0)
 
 
-def _resumed(paths: CollectionPaths, attempts: int) -> _Plan:
-    """What is left to run, read from the files without changing them (see :class:`_Tail`)."""
-    tails = {p: _Tail.of(p) for p in (paths.rollouts, paths.failures) if p.exists()}
+def _resumed(paths: CollectionPaths, attempts: int, early_stop: bool) -> _Plan:
+    """What is left to run, read from the files without changing them (see :class:`_Tail`).
+    With ``early_stop`` the rows an earlier part skipped stay skipped, and the rest run
+    repeat-major; without it they run (and the sidecar is moved aside, :func:`_set_aside`)."""
+    sidecars = (paths.rollouts, paths.failures, paths.skipped)
+    tails = {p: _Tail.of(p) for p in sidecars if p.exists()}
     rows = [row for _, row in _read_rows(paths.inputs)]
     cached = list(_read_rows(paths.rollouts, tails[paths.rollouts].keep))
     done = {_key(r) for _, r in cached}
@@ -383,14 +416,18 @@ def _resumed(paths: CollectionPaths, attempts: int) -> _Plan:
             failures[_key(failure)] += 1
             if failure.get("_ng_failure_terminal"):
                 terminal.add(_key(failure))
+    skipped: set[Key] = set()
+    if early_stop and paths.skipped in tails:
+        skipped = {_key(r) for _, r in _read_rows(paths.skipped, tails[paths.skipped].keep)}
     todo = []
-    for row in rows:
+    for row in dispatch_order(rows) if early_stop else rows:
         key = _key(row)
-        if key in done or key in terminal or failures[key] >= attempts:
+        if key in done or key in skipped or key in terminal or failures[key] >= attempts:
             continue
         todo.append(row | {"_ng_attempt_index": failures[key]} if failures[key] else row)
+    also = f", {len(skipped)} skipped by the early stop" if skipped else ""
     print(
-        f"Resuming: {len(done)} rollouts cached, {len(todo)} of {len(rows)} rows to run",
+        f"Resuming: {len(done)} rollouts cached{also}, {len(todo)} of {len(rows)} rows to run",
         file=sys.stderr,
     )
     return _Plan(rows, todo, cached, dict(failures), tails)
@@ -559,9 +596,10 @@ class _Collector:
         attempts: int,
         plan: _Plan,
         routes: dict[str, Route],
+        skips: Skips | None,
     ) -> None:
         self.cfg, self.paths, self.sink, self.run_id = cfg, paths, sink, run_id
-        self.attempts, self.plan, self.routes = attempts, plan, routes
+        self.attempts, self.plan, self.routes, self.skips = attempts, plan, routes, skips
         self.line = plan.cached[-1][0] if plan.cached else 0  # the rollouts file's last line
         self.completed = self.failed = 0
         self.reward_sum: dict[str, float] = defaultdict(float)
@@ -572,26 +610,35 @@ class _Collector:
         self.withheld = 0  # rollout events not sent for them (see :meth:`publish`)
         # unbuffered: each line is on the disk (or its failure raised) once written
         self._results = paths.rollouts.open("ab", buffering=0)
+        self._sidecars: list[FileIO] = []  # failures, then skipped rows
+        self._skipped: FileIO | None = None
         try:
             self._failures = paths.failures.open("ab", buffering=0)
+            self._sidecars.append(self._failures)
+            if skips is not None:
+                self._skipped = paths.skipped.open("ab", buffering=0)
+                self._sidecars.append(self._skipped)
         except BaseException:
-            self._results.close()
+            self.close()
             raise
         self._postfix_at = 0.0
 
     def close(self) -> None:
-        self._results.close()
-        self._failures.close()
+        for fh in (self._results, *self._sidecars):
+            fh.close()
 
     async def run(self) -> None:
         """Announce the run, replay the cached results, run the rest."""
         plan, sink, cfg = self.plan, self.sink, self.cfg
         if sink is not None:
-            started = _run_started(cfg, self.run_id, self.paths, len(plan.rows))
+            early = self.skips.early if self.skips is not None else None
+            started = _run_started(cfg, self.run_id, self.paths, len(plan.rows), early)
             self.unsent = await _send_inputs(sink, plan.rows, self.run_id, self.paths.inputs)
             await _control(sink, started)
         for lineno, result in plan.cached:
             await self.publish(result, lineno)
+            if self.skips is not None:
+                self.skips.fold(result, result)
         run_urls = {agent: f"{route.url}/run" for agent, route in self.routes.items()}
         bar = tqdm(
             total=len(plan.todo),
@@ -605,8 +652,9 @@ class _Collector:
 
         async def worker() -> None:
             for row in todo:
-                prior = plan.prior_failures.get(_key(row), 0)
-                await self.run_row(client, run_urls[agent_of(row)], row, prior)
+                if not self.skipped(row):
+                    prior = plan.prior_failures.get(_key(row), 0)
+                    await self.run_row(client, run_urls[agent_of(row)], row, prior)
                 bar.update(1)
                 self.postfix(bar)
 
@@ -618,7 +666,17 @@ class _Collector:
         finally:
             await client.close()
         if sink is not None:
-            await _control(sink, RunFinished(run_id=self.run_id))
+            skipped = dict(self.skips.counts) if self.skips and self.skips.counts else None
+            await _control(sink, RunFinished(run_id=self.run_id, skipped=skipped))
+
+    def skipped(self, row: dict[str, Any]) -> bool:
+        """Whether a decision covers the row: then its sidecar line is written, not run."""
+        if self.skips is None or self._skipped is None:
+            return False
+        line = self.skips.skip(row)
+        if line is not None:
+            _write_line(self._skipped, self.paths.skipped, line)
+        return line is not None
 
     def keep(self, result: dict[str, Any]) -> None:
         """Hold what ``/aggregate_metrics`` is sent (docs/nemo-gym-compat.md §Aggregate
@@ -699,6 +757,8 @@ class _Collector:
         _write_line(self._results, self.paths.rollouts, line)
         self.line += 1
         self.completed += 1
+        if self.skips is not None:
+            self.skips.fold(row, result)
         await self.publish(result, self.line)
         reward = result.get("reward")
         if isinstance(reward, int | float):
@@ -733,7 +793,11 @@ class _Collector:
 
 
 def _run_started(
-    cfg: CollectConfig, run_id: str, paths: CollectionPaths, expected: int
+    cfg: CollectConfig,
+    run_id: str,
+    paths: CollectionPaths,
+    expected: int,
+    early_stop: EarlyStop | None = None,
 ) -> RunStarted:
     """The run's ``RunStarted``; a run id, stem or answer key the contract refuses is one line."""
     stem = paths.rollouts.stem
@@ -745,6 +809,7 @@ def _run_started(
                 output_stem=stem,
                 aggregate_metrics=cfg.kafka_aggregate_metrics,
                 answer_key=cfg.kafka_answer_key,
+                early_stop=early_stop,
             )
         )
     except BadEvent as exc:
@@ -830,7 +895,7 @@ async def collect(
                 file=sys.stderr,
             )
         _check_outputs(cfg, paths, resume)
-        plan = _resumed(paths, attempts) if resume else _fresh(cfg)
+        plan = _resumed(paths, attempts, cfg.early_stop is not None) if resume else _fresh(cfg)
         security = KafkaSecurity.from_env() if cfg.kafka_bootstrap_servers else None
         if sink is not None or security is not None:  # refused before any file is written
             _run_started(cfg, cfg.kafka_run_id or "run", paths, len(plan.rows))
@@ -844,6 +909,7 @@ async def collect(
                     )
                 config = await head_config(cfg)
                 resolve_task_sources(plan.rows, config)
+            early = cfg.early_stop.wire(plan.rows) if cfg.early_stop is not None else None
             agents = {agent_of(r) for r in plan.rows}
             routes = await routes_of(cfg, agents, config) if plan.todo else {}
             urls = {agent: route.url for agent, route in routes.items()}
@@ -871,11 +937,14 @@ async def collect(
             if resume:
                 for path, tail in plan.tails.items():
                     tail.repair(path)
+                if cfg.early_stop is None and paths.skipped.exists():
+                    _set_aside(paths.skipped)
             else:
                 _start_fresh(paths, plan.rows)
             # after _start_fresh wrote the inputs file, which a resume never rewrites: run_id
             run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
-            collector = _Collector(cfg, paths, sink, run_id, attempts, plan, routes)
+            skips = None if early is None else Skips(early, not isinstance(sink, KafkaSink))
+            collector = _Collector(cfg, paths, sink, run_id, attempts, plan, routes, skips)
         except OSError as exc:  # files only: no network in this block
             where = exc.filename or paths.rollouts
             raise InputError(f"Cannot write '{where}': {exc.strerror or exc}") from None
@@ -889,6 +958,9 @@ async def collect(
                 file=sys.stderr,
                 flush=True,
             )
+        follower = None
+        if skips is not None and skips.stopper is None and security is not None:
+            follower = await _follow(cfg, security, run_id, resume, skips)
         try:
             await collector.run()
         except asyncio.CancelledError:
@@ -902,6 +974,9 @@ async def collect(
             raise
         finally:
             collector.close()
+            if follower is not None:
+                follower.cancel()
+                await asyncio.gather(follower, return_exceptions=True)
         finished = True
     finally:
         if sink is not None:
@@ -951,7 +1026,28 @@ async def collect(
         time.perf_counter() - began,
         aggregated,
         profile,
+        {str(k): n for k, n in skips.counts.items()} if skips is not None else None,
     )
+
+
+async def _follow(
+    cfg: CollectConfig, security: KafkaSecurity, run_id: str, resume: bool, skips: Skips
+) -> asyncio.Task[None]:
+    """Start following the processors' decisions about the run (all of them on a resume, else
+    those after the topic's end now, before the run is announced). Decisions only save work:
+    a failure to read them says so and the collection goes on in full."""
+    assert cfg.kafka_bootstrap_servers is not None
+    bootstrap, topics = cfg.kafka_bootstrap_servers, Topics.for_prefix(cfg.kafka_topic_prefix)
+    group = cfg.kafka_group_id or default_group(cfg.kafka_topic_prefix)
+    start = 0 if resume else await start_offset(bootstrap, security, topics)
+
+    async def follow() -> None:
+        try:
+            await follow_decisions(bootstrap, security, topics, group, run_id, start, skips.take)
+        except (KafkaError, RewardstreamError) as exc:
+            print(f"WARNING: early stop off, decisions unreadable: {exc}", file=sys.stderr)
+
+    return asyncio.create_task(follow())
 
 
 def _say_live_off(cfg: CollectConfig, paths: CollectionPaths, why: str) -> None:
@@ -1111,6 +1207,10 @@ def print_closing(report: CollectReport) -> None:
     print(f"Aggregate metrics: {report.paths.aggregate if report.aggregate_written else None}")
     if report.failed:
         print(f"Failed attempts: {report.failed} (not rewards), in {report.paths.failures}")
+    if report.skipped:
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
+        total = sum(report.skipped.values())
+        print(f"Ended early: {total} rows skipped ({why}), listed in {report.paths.skipped}")
     if report.profile is not None:
         print(*profile_lines(report.profile, extras=False), sep="\n")
 
@@ -1147,6 +1247,10 @@ _OVERRIDE_HELP = {
         "the streamed profile also gets pass@k and task difficulty files (profiles get)",
     ),
     "kafka_answer_key": ("FIELD", "the result field majority@k votes on, in those files"),
+    "early_stop": (
+        ".half_width=H .band=[LO,HI]",
+        "stop each agent once its interval is +-H, skip tasks settled for the band",
+    ),
     "quiet": ("BOOL", "no progress bar"),
 }
 

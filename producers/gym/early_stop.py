@@ -1,0 +1,132 @@
+"""A collection's opt-in early stop: which rows it dispatches when, and which it skips.
+
+``+early_stop.half_width=H`` and/or ``+early_stop.band=[LO,HI]`` (docs/early-stop.md). Without
+them nothing here runs and the collection is NeMo Gym's. With them:
+
+- rows are dispatched repeat-major (every task's first repeat, then every second, ...), so
+  each task has evidence before its later repeats are due, and an agent's running mean covers
+  every task early; the materialized inputs file keeps its order;
+- the decisions come from the stream processors of the run's group over Kafka
+  (:mod:`rewardstream.sinks.topics.decisions`) when the collection streams there, else from a
+  :class:`~rewardstream.processors.core.stopping.Stopper` folding the collector's own results
+  (no broker needed); the first decision for a key counts;
+- a row a decision covers is never dispatched: it becomes a line of ``S_skipped.jsonl`` with
+  its reason, and ``RunFinished.skipped`` counts them per reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rewardstream.contract.events import EarlyStop
+from rewardstream.errors import InputError
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL
+from rewardstream.processors.core.records import agent_of
+from rewardstream.processors.core.stopping import Reason, Stopper, StopRule, Verdict
+
+__all__ = ["EarlyStopConfig", "Skips", "dispatch_order", "skipped_path"]
+
+
+class EarlyStopConfig(BaseModel):
+    """``+early_stop.*``: what the run may stop early for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    half_width: float | None = Field(default=None, gt=0)
+    band: tuple[float, float] | None = None
+    level: float = Field(default=DEFAULT_LEVEL, gt=0, lt=1)
+    reward_range: tuple[float, float] = (0.0, 1.0)
+
+    @model_validator(mode="after")
+    def _sound(self) -> EarlyStopConfig:
+        if (problem := self.rule(1).problem()) is not None:
+            raise ValueError(problem)
+        return self
+
+    def rule(self, repeats: int) -> StopRule:
+        return StopRule(repeats, self.half_width, self.band, self.level, *self.reward_range)
+
+    def wire(self, rows: list[dict[str, Any]]) -> EarlyStop:
+        """The ``RunStarted.early_stop`` of a run of ``rows``: their repeats per task and agent
+        must be one number (the task rule's final mean is over that many)."""
+        counts = Counter((row["_ng_task_index"], _agent(row)) for row in rows)
+        repeats = set(counts.values())
+        if len(repeats) > 1:
+            (task, agent), n = min(counts.items(), key=lambda kv: kv[1])
+            raise InputError(
+                f"early_stop needs the same number of repeats for every task, but task {task} "
+                f"of agent {agent!r} has {n} and others {max(repeats)}"
+            )
+        return EarlyStop(
+            repeats=repeats.pop() if repeats else 1,
+            half_width=self.half_width,
+            band=self.band,
+            level=self.level,
+            reward_range=self.reward_range,
+        )
+
+
+def _agent(row: dict[str, Any]) -> str:
+    return agent_of(row) or ""
+
+
+def dispatch_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Repeat-major: every task's first repeat, then every second, ... (stable)."""
+    return sorted(rows, key=lambda row: (row["_ng_rollout_index"], row["_ng_task_index"]))
+
+
+def skipped_path(rollouts: Path) -> Path:
+    """``D/S_skipped.jsonl`` beside ``D/S.jsonl``."""
+    stem = rollouts.stem if rollouts.suffix else rollouts.name
+    return rollouts.with_name(f"{stem}_skipped.jsonl")
+
+
+class Skips:
+    """The decisions a collection honours, and the sidecar line of each row they cover."""
+
+    def __init__(self, early: EarlyStop, local: bool) -> None:
+        self.early = early  # what the run asked for, as RunStarted carries it
+        self.stopper = Stopper(early.rule()) if local else None  # it decides alone
+        self.agents: dict[str, Verdict] = {}
+        self.tasks: dict[tuple[str, int], Verdict] = {}
+        self.counts: Counter[Reason] = Counter()
+
+    def take(self, verdict: Verdict) -> None:
+        """A decision, from the processors or the local fold: the first for a key counts."""
+        if verdict.task is None:
+            self.agents.setdefault(verdict.agent, verdict)
+        else:
+            self.tasks.setdefault((verdict.agent, verdict.task), verdict)
+
+    def fold(self, row: dict[str, Any], result: dict[str, Any]) -> None:
+        """A result the collector wrote (deciding alone): fold its reward."""
+        if self.stopper is None:
+            return
+        reward = result.get("reward")
+        value = None  # not a number: no rule passes over it
+        if isinstance(reward, int | float) and not isinstance(reward, bool):
+            value = float(reward) if math.isfinite(reward) else None
+        for verdict in self.stopper.add(_agent(row), row["_ng_task_index"], value):
+            self.take(verdict)
+
+    def skip(self, row: dict[str, Any]) -> bytes | None:
+        """The sidecar line of ``row`` when a decision covers it (counted), else None."""
+        agent = _agent(row)
+        verdict = self.agents.get(agent) or self.tasks.get((agent, row["_ng_task_index"]))
+        if verdict is None:
+            return None
+        self.counts[verdict.reason] += 1
+        line = {
+            "_ng_task_index": row["_ng_task_index"],
+            "_ng_rollout_index": row["_ng_rollout_index"],
+            "agent": agent,
+            "reason": verdict.reason,
+            "decided_after": verdict.rollouts,
+        }
+        return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)

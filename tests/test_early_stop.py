@@ -1,0 +1,262 @@
+"""Collections that stop early (docs/early-stop.md): the pure rule, and the collector deciding
+alone, against a real agent on loopback; the files stay NeMo Gym's and consistent."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rewardstream.commands.cli import ng_reward_profile
+from rewardstream.errors import InputError
+from rewardstream.processors.core.confseq import Tally
+from rewardstream.processors.core.stopping import StopRule, Stopper, agent_settled, task_place
+from rewardstream.producers.gym.collect import CollectConfig, collect, main
+from rewardstream.sinks.curate import Criteria, curate
+from tests.gym import read_jsonl, serve, write_problems
+
+BAND = (0.1, 0.9)
+AGENT = "arithmetic_simple_agent"  # write_problems' rows name it
+
+
+# ------------------------------------------------------------------------------ the pure rule
+
+
+@given(
+    repeats=st.integers(1, 24),
+    data=st.data(),
+    band=st.tuples(st.floats(0, 1), st.floats(0, 1)).map(sorted),
+)
+def test_a_settled_task_ends_on_the_same_side_whatever_the_rest_scores(
+    repeats: int, data: st.DataObject, band: list[float]
+) -> None:
+    """The task rule is exact: once it speaks, every completion of the task has its final
+    mean on the side it named (checked on the two extreme completions, which bound all)."""
+    rule = StopRule(repeats, band=(band[0], band[1]))
+    rewards = data.draw(st.lists(st.floats(0, 1), min_size=repeats, max_size=repeats))
+    for n in range(repeats):
+        place = task_place(sum(rewards[:n]), n, rule)
+        if place is None:
+            continue
+        for rest in (0.0, 1.0):
+            final = (sum(rewards[:n]) + rest * (repeats - n)) / repeats
+            keeps = Criteria((band[0], band[1]), None).keeps(final, None)
+            assert keeps == (place == "inside-band"), (n, place, final)
+            if place == "below-band":
+                assert final < band[0]
+            if place == "above-band":
+                assert final > band[1]
+
+
+def test_the_rule_speaks_as_soon_as_it_may_and_not_before() -> None:
+    """A task of 8 repeats with band [0.1, 0.9]: one right and one wrong answer fix its mean
+    inside [1/8, 7/8]; a plant that decides one rollout earlier is caught here."""
+    rule = StopRule(8, band=BAND)
+    assert task_place(1.0, 1, rule) is None  # 0.125 .. 1.0: could end above 0.9
+    assert task_place(1.0, 2, rule) == "inside-band"  # 0.125 .. 0.875
+    assert task_place(0.0, 7, rule) is None  # 0 .. 0.125: could end inside
+    assert task_place(0.0, 8, rule) is None  # nothing left to skip
+    assert task_place(0.0, 1, StopRule(8, band=(0.9, 1.0))) == "below-band"  # at most 7/8
+    assert task_place(1.0, 1, StopRule(8, band=(0.0, 0.1))) == "above-band"  # at least 1/8
+
+
+def test_the_agent_rule_needs_the_interval_not_the_point() -> None:
+    tally = Tally()
+    rule = StopRule(1, half_width=0.1)
+    for _ in range(20):
+        tally.add(1.0)
+    assert agent_settled(tally, rule) is None  # 20 straight successes: still wide
+    tally.add_many(np.ones(2000))
+    settled = agent_settled(tally, rule)
+    assert settled is not None and (settled.upper - settled.lower) / 2 <= 0.1
+    tally.add(7.0)  # outside the declared range: no interval, no stop
+    assert agent_settled(tally, rule) is None
+
+
+def test_a_reward_outside_the_range_keeps_its_task_open() -> None:
+    stopper = Stopper(StopRule(4, band=BAND))
+    assert stopper.add("a", 0, 1.5) == []
+    assert stopper.add("a", 0, 0.0) == []  # 1 right and 1 wrong, but one is out of [0, 1]
+    assert stopper.add("a", 1, 1.0) == [] and stopper.add("a", 1, None) == []
+    assert stopper.add("a", 2, 1.0) == [] and [v.reason for v in stopper.add("a", 2, 0.0)] == [
+        "inside-band"
+    ]
+    assert stopper.add("a", 2, 0.0) == []  # said once
+
+
+# ------------------------------------------------------------------------ the collector alone
+
+
+def reward_of(task: int, rollout: int) -> float:
+    """Tasks 0 mod 3 always right, 1 mod 3 always wrong, the rest right on even repeats."""
+    kind = task % 3
+    return 1.0 if kind == 0 else 0.0 if kind == 1 else float(rollout % 2 == 0)
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[tuple[str, list[tuple[int, int]]]]:
+    calls: list[tuple[int, int]] = []
+
+    async def run(request: web.Request) -> web.Response:
+        row = orjson.loads(await request.read())
+        key = (row["_ng_task_index"], row["_ng_rollout_index"])
+        calls.append(key)
+        return web.json_response({"response": {}, "reward": reward_of(*key)} | row)
+
+    runner, url = await serve({"/run": run})
+    yield url, calls
+    await runner.cleanup()
+
+
+def _cfg(tmp_path: Path, url: str, out: str, **extra: Any) -> CollectConfig:
+    src = tmp_path / "problems.jsonl"
+    if not src.exists():
+        write_problems(src, 30)
+    return CollectConfig.model_validate(
+        {
+            "input_jsonl_fpath": src,
+            "output_jsonl_fpath": tmp_path / out / "r.jsonl",
+            "agent_url": url,
+            "num_repeats": 8,
+            "disable_aggregation": True,
+            "num_samples_in_parallel": 1,
+            "quiet": True,
+        }
+        | extra
+    )
+
+
+def _profile_and_curate(folder: Path, *flags: str) -> list[bytes]:
+    code = ng_reward_profile(
+        [
+            f"+materialized_inputs_jsonl_fpath={folder / 'r_materialized_inputs.jsonl'}",
+            f"+rollouts_jsonl_fpath={folder / 'r.jsonl'}",
+            *flags,
+        ]
+    )
+    assert code == 0
+    curate(folder / "r_reward_profiling.jsonl", folder / "curated.jsonl", Criteria(BAND, None))
+    return (folder / "curated.jsonl").read_bytes().splitlines()
+
+
+async def test_skipping_settled_tasks_keeps_the_curate_output(
+    agent: tuple[str, list[tuple[int, int]]], tmp_path: Path
+) -> None:
+    url, calls = agent
+    await collect(_cfg(tmp_path, url, "full"))
+    full_calls = len(calls)
+    report = await collect(_cfg(tmp_path, url, "early", early_stop={"band": list(BAND)}))
+    early = tmp_path / "early"
+    rollouts, skipped = read_jsonl(early / "r.jsonl"), read_jsonl(early / "r_skipped.jsonl")
+    rows = read_jsonl(early / "r_materialized_inputs.jsonl")
+
+    # every row is either collected or listed as skipped, once
+    got = sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in rollouts + skipped)
+    assert got == sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows)
+    assert len(calls) - full_calls == len(rollouts)
+    # only the mixed tasks are settled (their mean ends in [1/8, 7/8] after a 1 and a 0),
+    # each after its first two repeats (dispatch is repeat-major, one in flight)
+    assert {s["_ng_task_index"] % 3 for s in skipped} == {2}
+    assert {(s["reason"], s["decided_after"], s["agent"]) for s in skipped} == {
+        ("inside-band", 2, AGENT)
+    }
+    assert len(skipped) == 10 * 6 and report.skipped == {"inside-band": 60}
+    # the materialized inputs are NeMo Gym's, in its order, whatever the dispatch order
+    full_rows = (tmp_path / "full" / "r_materialized_inputs.jsonl").read_bytes()
+    assert (early / "r_materialized_inputs.jsonl").read_bytes() == full_rows
+
+    # a partial profile of what was collected curates exactly as the full collection
+    assert _profile_and_curate(tmp_path / "full") == _profile_and_curate(
+        early, "++allow_partial_rollouts=True"
+    )
+
+
+async def test_an_agent_known_well_enough_stops(
+    agent: tuple[str, list[tuple[int, int]]], tmp_path: Path
+) -> None:
+    url, calls = agent
+    cfg = _cfg(tmp_path, url, "a", num_repeats=60, early_stop={"half_width": 0.2})
+    report = await collect(cfg)
+    skipped = read_jsonl(tmp_path / "a" / "r_skipped.jsonl")
+    assert report.completed == len(calls) < 30 * 60
+    assert report.completed + len(skipped) == 30 * 60
+    assert {s["reason"] for s in skipped} == {"half-width"}
+    (after,) = {s["decided_after"] for s in skipped}
+    assert after == report.completed  # one in flight: it stopped at once
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("+early_stop.band=[0.9,0.1]", "early_stop.band needs finite LO <= HI"),
+        ("+early_stop.half_width=0", "early_stop.half_width"),
+        ("+early_stop.level=1.5", "early_stop.level"),
+        ("+early_stop.sharpness=2", "early_stop.sharpness"),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str, message: str
+) -> None:
+    src = write_problems(tmp_path / "p.jsonl", 3)
+    out = tmp_path / "out" / "r.jsonl"
+    code = main(
+        [
+            f"+input_jsonl_fpath={src}",
+            f"+output_jsonl_fpath={out}",
+            "+agent_name=a",
+            "+agent_url=http://127.0.0.1:9",
+            setting,
+        ]
+    )
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error" in line.lower()]
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+    assert not out.parent.exists()
+
+
+async def test_unequal_repeats_are_refused_before_anything_is_written(
+    agent: tuple[str, list[tuple[int, int]]], tmp_path: Path
+) -> None:
+    url, calls = agent
+    repeats = {AGENT: 2, "_default": 3}
+    cfg = _cfg(tmp_path, url, "u", num_repeats=repeats, early_stop={"band": [0, 1]})
+    src = tmp_path / "mixed.jsonl"
+    rows = [
+        {"responses_create_params": {"input": "a"}, "agent_ref": {"name": AGENT}},
+        {"responses_create_params": {"input": "b"}, "agent_ref": {"name": "other"}},
+    ]
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    cfg = cfg.model_copy(update={"input_jsonl_fpath": src})
+    with pytest.raises(InputError, match="same number of repeats"):
+        await collect(cfg)
+    assert calls == [] and not (tmp_path / "u" / "r.jsonl").exists()
+
+
+async def test_a_resume_keeps_the_skips_or_collects_them_when_told(
+    agent: tuple[str, list[tuple[int, int]]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url, calls = agent
+    cfg = _cfg(tmp_path, url, "r", early_stop={"band": list(BAND)})
+    await collect(cfg)
+    folder = tmp_path / "r"
+    skipped = (folder / "r_skipped.jsonl").read_bytes()
+    n = len(calls)
+    again = await collect(cfg.model_copy(update={"resume_from_cache": True}))
+    assert len(calls) == n and again.completed == 0  # nothing to run: the skips stand
+    assert (folder / "r_skipped.jsonl").read_bytes() == skipped
+    assert "60 skipped by the early stop" in capsys.readouterr().err
+
+    full = await collect(cfg.model_copy(update={"resume_from_cache": True, "early_stop": None}))
+    assert full.completed == 60 and len(calls) == n + 60
+    assert not (folder / "r_skipped.jsonl").exists()
+    assert (folder / "r_skipped.jsonl.~1~").read_bytes() == skipped
+    assert len(read_jsonl(folder / "r.jsonl")) == 30 * 8
