@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from rewardstream.commands.cli import ng_reward_profile
 from rewardstream.errors import InputError
 from rewardstream.processors.core.confseq import Tally
-from rewardstream.processors.core.stopping import StopRule, Stopper, agent_settled, task_place
+from rewardstream.processors.core.stopping import Stopper, StopRule, agent_settled, task_place
 from rewardstream.producers.gym.collect import CollectConfig, collect, main
 from rewardstream.sinks.curate import Criteria, curate
 from tests.gym import read_jsonl, serve, write_problems
