@@ -3,7 +3,9 @@ alone, against a real agent on loopback; the files stay NeMo Gym's and consisten
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import shutil
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rewardstream.commands.cli import ng_reward_profile
+from rewardstream.contract.events import Topics
 from rewardstream.errors import InputError
 from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.stopping import Stopper, StopRule, agent_settled, task_place
+from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.gym.collect import CollectConfig, collect, main
 from rewardstream.sinks.curate import Criteria, curate
 from tests.gym import read_jsonl, serve, write_problems
@@ -260,3 +264,71 @@ async def test_a_resume_keeps_the_skips_or_collects_them_when_told(
     assert not (folder / "r_skipped.jsonl").exists()
     assert (folder / "r_skipped.jsonl.~1~").read_bytes() == skipped
     assert len(read_jsonl(folder / "r.jsonl")) == 30 * 8
+
+
+# ------------------------------------------------------------------- the processors decide
+
+
+@pytest.mark.kafka
+async def test_the_processors_decide_and_the_collector_honours_it(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A real processor decides from what it folded and publishes on ``<prefix>.decisions``;
+    the collector skips what it covers. Rows of the third repeat on wait until the collector
+    said it holds a decision, so at least the first decided task is skipped from there."""
+    said: list[str] = []
+
+    async def decided() -> None:
+        async with asyncio.timeout(120):
+            while not any("early stop: first decision" in line for line in said):
+                said.extend(capsys.readouterr().err.splitlines())
+                await asyncio.sleep(0.05)
+
+    async def run(request: web.Request) -> web.Response:
+        row = orjson.loads(await request.read())
+        if row["_ng_rollout_index"] >= 2:
+            await decided()
+        reward = reward_of(row["_ng_task_index"], row["_ng_rollout_index"])
+        return web.json_response({"response": {}, "reward": reward} | row)
+
+    runner, url = await serve({"/run": run})
+    topics = Topics.for_prefix(unique_name("stop"))
+    processor = StreamProcessor(kafka_bootstrap, tmp_path / "profiles", topics)
+    stop = asyncio.Event()
+    task = asyncio.create_task(processor.run(stop))
+    try:
+        kafka = {
+            "kafka_bootstrap_servers": kafka_bootstrap,
+            "kafka_topic_prefix": topics.inputs.rsplit(".", 1)[0],
+            "kafka_wait_profile": True,
+            "kafka_wait_profile_timeout_s": 120,
+            "early_stop": {"band": list(BAND)},
+        }
+        report = await collect(_cfg(tmp_path, url, "k", **kafka))
+        folder = tmp_path / "k"
+        rollouts, skipped = read_jsonl(folder / "r.jsonl"), read_jsonl(folder / "r_skipped.jsonl")
+        rows = read_jsonl(folder / "r_materialized_inputs.jsonl")
+        got = sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in rollouts + skipped)
+        assert got == sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows)
+        assert len(skipped) >= 6  # the first decided task's third to eighth repeats, at least
+        assert {(s["reason"], s["agent"], s["_ng_task_index"] % 3) for s in skipped} == {
+            ("inside-band", AGENT, 2)
+        }
+        assert all(s["decided_after"] >= 2 for s in skipped)
+        assert report.skipped == {"inside-band": len(skipped)}
+        # the streamed final is the profile of what was collected, partial, and says why
+        assert report.profile is not None
+        batch = tmp_path / "batch"
+        batch.mkdir()
+        for name in ("r.jsonl", "r_materialized_inputs.jsonl"):
+            shutil.copy(folder / name, batch / name)
+        _profile_and_curate(batch, "++allow_partial_rollouts=True")
+        streamed = report.profile.reward_profiling.read_bytes()
+        assert (batch / "r_reward_profiling.jsonl").read_bytes() == streamed
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await runner.cleanup()

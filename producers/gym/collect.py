@@ -86,6 +86,7 @@ from rewardstream.infra.jsonl import parse_line
 from rewardstream.infra.overrides import parse_overrides
 from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.kafka.options import normalize_bootstrap
+from rewardstream.processors.core.stopping import Verdict
 from rewardstream.producers.events import input_event, rollout_event
 from rewardstream.producers.gym.early_stop import (
     EarlyStopConfig,
@@ -1041,9 +1042,21 @@ async def _follow(
     group = cfg.kafka_group_id or default_group(cfg.kafka_topic_prefix)
     start = 0 if resume else await start_offset(bootstrap, security, topics)
 
+    def take(verdict: Verdict) -> None:
+        first = not skips.agents and not skips.tasks
+        skips.take(verdict)
+        if first:  # say that decisions come (once it is in force)
+            what = f"task {verdict.task}" if verdict.task is not None else "all its rows"
+            print(
+                f"rewardstream: early stop: first decision of group {group} for run {run_id}: "
+                f"{verdict.reason}, {what} of agent {verdict.agent!r}",
+                file=sys.stderr,
+                flush=True,
+            )
+
     async def follow() -> None:
         try:
-            await follow_decisions(bootstrap, security, topics, group, run_id, start, skips.take)
+            await follow_decisions(bootstrap, security, topics, group, run_id, start, take)
         except (KafkaError, RewardstreamError) as exc:
             print(f"WARNING: early stop off, decisions unreadable: {exc}", file=sys.stderr)
 
