@@ -21,6 +21,8 @@ from rewardstream.contract.events import Topics
 from rewardstream.errors import InputError
 from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.stopping import Stopper, StopRule, agent_settled, task_place
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.inprocess import PipelineSink
 from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.gym.collect import CollectConfig, collect, main
 from rewardstream.sinks.curate import Criteria, curate
@@ -194,6 +196,21 @@ async def test_an_agent_known_well_enough_stops(
     assert {s["reason"] for s in skipped} == {"half-width"}
     (after,) = {s["decided_after"] for s in skipped}
     assert after == report.completed  # one in flight: it stopped at once
+
+
+async def test_the_embedded_pipeline_profiles_what_was_collected(
+    agent: tuple[str, list[tuple[int, int]]], tmp_path: Path
+) -> None:
+    """No broker: the in-process pipeline (``rewardstream demo``'s) gets the run, the
+    collector decides alone, and the final is the partial profile of the collected rows."""
+    url, _ = agent
+    with Pipeline(tmp_path / "state") as pipeline:
+        sink = PipelineSink(pipeline)
+        report = await collect(_cfg(tmp_path, url, "e", early_stop={"band": list(BAND)}), sink)
+    assert report.skipped == {"inside-band": 60} and sink.paths is not None
+    streamed = sink.paths.reward_profiling.read_bytes()
+    _profile_and_curate(tmp_path / "e", "++allow_partial_rollouts=True")
+    assert (tmp_path / "e" / "r_reward_profiling.jsonl").read_bytes() == streamed
 
 
 @pytest.mark.parametrize(

@@ -944,7 +944,9 @@ async def collect(
                 _start_fresh(paths, plan.rows)
             # after _start_fresh wrote the inputs file, which a resume never rewrites: run_id
             run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
-            skips = None if early is None else Skips(early, not isinstance(sink, KafkaSink))
+            # the processors decide when the run streams to them, else the collector alone
+            follows = isinstance(sink, KafkaSink) and security is not None
+            skips = None if early is None else Skips(early, local=not follows)
             collector = _Collector(cfg, paths, sink, run_id, attempts, plan, routes, skips)
         except OSError as exc:  # files only: no network in this block
             where = exc.filename or paths.rollouts
