@@ -20,11 +20,18 @@ from rewardstream.commands.cli import ng_reward_profile
 from rewardstream.contract.events import Topics
 from rewardstream.errors import InputError
 from rewardstream.processors.core.confseq import Tally
-from rewardstream.processors.core.stopping import Stopper, StopRule, agent_settled, task_place
+from rewardstream.processors.core.stopping import (
+    Stopper,
+    StopRule,
+    Verdict,
+    agent_settled,
+    task_place,
+)
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.inprocess import PipelineSink
 from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.gym.collect import CollectConfig, collect, main
+from rewardstream.producers.gym.early_stop import EarlyStopConfig, Skips
 from rewardstream.sinks.curate import Criteria, curate
 from tests.gym import read_jsonl, serve, write_problems
 
@@ -95,6 +102,21 @@ def test_a_reward_outside_the_range_keeps_its_task_open() -> None:
         "inside-band"
     ]
     assert stopper.add("a", 2, 0.0) == []  # said once
+
+
+def test_conflicting_decisions_collect_the_key_in_full(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two reasons for one key cannot come from the rule: a processor bug or a foreign
+    writer. The key is then never skipped (a skip could be wrong); a repeat is nothing."""
+    skips = Skips(EarlyStopConfig(band=BAND).wire([{"_ng_task_index": 0}] * 8), local=False)
+    row = {"_ng_task_index": 3, "_ng_rollout_index": 5, "agent_ref": {"name": "a"}}
+    skips.take(Verdict("a", 3, "inside-band", 2))
+    skips.take(Verdict("a", 3, "inside-band", 4))  # a processor restarted: same decision
+    assert skips.skip(row) is not None and capsys.readouterr().err == ""
+    skips.take(Verdict("a", 3, "above-band", 4))
+    assert skips.skip(row) is None
+    assert "conflicting decisions for task 3 of agent 'a'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------ the collector alone
@@ -275,6 +297,14 @@ async def test_a_resume_keeps_the_skips_or_collects_them_when_told(
     assert len(calls) == n and again.completed == 0  # nothing to run: the skips stand
     assert (folder / "r_skipped.jsonl").read_bytes() == skipped
     assert "60 skipped by the early stop" in capsys.readouterr().err
+
+    # another band would not guarantee what the skips did: refused, nothing changed
+    other = EarlyStopConfig(band=(0.2, 0.8))
+    with pytest.raises(
+        InputError, match=r"r_skipped.jsonl: its rows were skipped under early_stop"
+    ):
+        await collect(cfg.model_copy(update={"resume_from_cache": True, "early_stop": other}))
+    assert (folder / "r_skipped.jsonl").read_bytes() == skipped and len(calls) == n
 
     full = await collect(cfg.model_copy(update={"resume_from_cache": True, "early_stop": None}))
     assert full.completed == 60 and len(calls) == n + 60

@@ -91,6 +91,7 @@ from rewardstream.producers.events import input_event, rollout_event
 from rewardstream.producers.gym.early_stop import (
     EarlyStopConfig,
     Skips,
+    check_resumed,
     dispatch_order,
     skipped_path,
 )
@@ -346,6 +347,7 @@ class _Plan(NamedTuple):
     cached: list[tuple[int, dict[str, Any]]]  # results already in the rollouts file
     prior_failures: dict[Key, int]
     tails: dict[Path, _Tail]  # resume: the repairs to make before appending
+    skip_rules: tuple[Any, ...] = ()  # resume: the early-stop rules its skipped rows name
 
 
 def _fresh(cfg: CollectConfig) -> _Plan:
@@ -418,8 +420,12 @@ def _resumed(paths: CollectionPaths, attempts: int, early_stop: bool) -> _Plan:
             if failure.get("_ng_failure_terminal"):
                 terminal.add(_key(failure))
     skipped: set[Key] = set()
+    rules: list[Any] = []
     if early_stop and paths.skipped in tails:
-        skipped = {_key(r) for _, r in _read_rows(paths.skipped, tails[paths.skipped].keep)}
+        for _, line in _read_rows(paths.skipped, tails[paths.skipped].keep):
+            skipped.add(_key(line))
+            if line.get("early_stop") not in rules:
+                rules.append(line.get("early_stop"))
     todo = []
     for row in dispatch_order(rows) if early_stop else rows:
         key = _key(row)
@@ -431,7 +437,7 @@ def _resumed(paths: CollectionPaths, attempts: int, early_stop: bool) -> _Plan:
         f"Resuming: {len(done)} rollouts cached{also}, {len(todo)} of {len(rows)} rows to run",
         file=sys.stderr,
     )
-    return _Plan(rows, todo, cached, dict(failures), tails)
+    return _Plan(rows, todo, cached, dict(failures), tails, tuple(rules))
 
 
 def _check_outputs(cfg: CollectConfig, paths: CollectionPaths, resume: bool) -> None:
@@ -911,6 +917,8 @@ async def collect(
                 config = await head_config(cfg)
                 resolve_task_sources(plan.rows, config)
             early = cfg.early_stop.wire(plan.rows) if cfg.early_stop is not None else None
+            if early is not None:
+                check_resumed(early, plan.skip_rules, paths.skipped)
             agents = {agent_of(r) for r in plan.rows}
             routes = await routes_of(cfg, agents, config) if plan.todo else {}
             urls = {agent: route.url for agent, route in routes.items()}
@@ -1045,7 +1053,7 @@ async def _follow(
     start = 0 if resume else await start_offset(bootstrap, security, topics)
 
     def take(verdict: Verdict) -> None:
-        first = not skips.agents and not skips.tasks
+        first = not skips.decided
         skips.take(verdict)
         if first:  # say that decisions come (once it is in force)
             what = f"task {verdict.task}" if verdict.task is not None else "all its rows"

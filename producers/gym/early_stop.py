@@ -17,10 +17,13 @@ them nothing here runs and the collection is NeMo Gym's. With them:
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -30,7 +33,7 @@ from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.records import agent_of
 from rewardstream.processors.core.stopping import Reason, Stopper, StopRule, Verdict
 
-__all__ = ["EarlyStopConfig", "Skips", "dispatch_order", "skipped_path"]
+__all__ = ["EarlyStopConfig", "Skips", "check_resumed", "dispatch_order", "skipped_path"]
 
 
 class EarlyStopConfig(BaseModel):
@@ -93,16 +96,25 @@ class Skips:
     def __init__(self, early: EarlyStop, local: bool) -> None:
         self.early = early  # what the run asked for, as RunStarted carries it
         self.stopper = Stopper(early.rule()) if local else None  # it decides alone
-        self.agents: dict[str, Verdict] = {}
-        self.tasks: dict[tuple[str, int], Verdict] = {}
+        self.decided: dict[tuple[str, int | None], Verdict] = {}  # task None: the agent's
+        self.conflicts: set[tuple[str, int | None]] = set()
         self.counts: Counter[Reason] = Counter()
+        self.rule = _named(early)  # each sidecar line names its rule
 
     def take(self, verdict: Verdict) -> None:
-        """A decision, from the processors or the local fold: the first for a key counts."""
-        if verdict.task is None:
-            self.agents.setdefault(verdict.agent, verdict)
-        else:
-            self.tasks.setdefault((verdict.agent, verdict.task), verdict)
+        """A decision, from the processors or the local fold. A repeat of one taken is
+        nothing new; another reason for the same key is a conflict (the rule cannot give two):
+        said once, and the key is collected in full from then on."""
+        key = (verdict.agent, verdict.task)
+        first = self.decided.setdefault(key, verdict)
+        if first.reason != verdict.reason and key not in self.conflicts:
+            self.conflicts.add(key)
+            what = "all rows" if verdict.task is None else f"task {verdict.task}"
+            print(
+                f"WARNING: early stop: conflicting decisions for {what} of agent "
+                f"{verdict.agent!r}: {first.reason}, then {verdict.reason}; collected in full",
+                file=sys.stderr,
+            )
 
     def fold(self, row: dict[str, Any], result: dict[str, Any]) -> None:
         """A result the collector wrote (deciding alone): fold its reward."""
@@ -118,8 +130,11 @@ class Skips:
     def skip(self, row: dict[str, Any]) -> bytes | None:
         """The sidecar line of ``row`` when a decision covers it (counted), else None."""
         agent = _agent(row)
-        verdict = self.agents.get(agent) or self.tasks.get((agent, row["_ng_task_index"]))
-        if verdict is None:
+        for key in ((agent, None), (agent, row["_ng_task_index"])):
+            verdict = self.decided.get(key)
+            if verdict is not None and key not in self.conflicts:
+                break
+        else:
             return None
         self.counts[verdict.reason] += 1
         line = {
@@ -128,5 +143,23 @@ class Skips:
             "agent": agent,
             "reason": verdict.reason,
             "decided_after": verdict.rollouts,
+            "early_stop": self.rule,
         }
         return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _named(early: EarlyStop) -> dict[str, Any]:
+    """The rule as the sidecar names it (JSON's types: lists, not tuples)."""
+    named: dict[str, Any] = orjson.loads(orjson.dumps(msgspec.structs.asdict(early)))
+    return named
+
+
+def check_resumed(early: EarlyStop, rules: Sequence[Any], where: Path) -> None:
+    """A resume keeps earlier skips only under the rule that decided them: another band would
+    break what they guarantee (docs/early-stop.md)."""
+    for rule in rules:
+        if rule != _named(early):
+            raise InputError(
+                f"{where}: its rows were skipped under early_stop {orjson.dumps(rule).decode()}"
+                "; resume with those settings, or without early_stop to collect them"
+            )
