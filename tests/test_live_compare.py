@@ -235,15 +235,21 @@ def test_an_unreachable_processor_is_one_line(capsys: pytest.CaptureFixture[str]
 def test_the_table_fits_80_columns_with_every_figure_whole(served: tuple[str, Path]) -> None:
     url, _ = served
     console = Console(width=80, record=True, force_terminal=False)
-    assert live_compare(url, "mixed-a", "mixed-b", once=True, console=console) == 0
+
+    def fetch(run_id: str, out: Path) -> None:
+        assert main(["snapshot", "--url", url, "--run-id", run_id, "--out", str(out)]) == 0
+
+    flips = TaskFlips(fetch, every=60.0)
+    assert live_compare(url, "mixed-a", "mixed-b", once=True, console=console, flips=flips) == 0
     lines = console.export_text().splitlines()
     assert all(len(line) <= 80 for line in lines), "\n".join(lines)
-    rows = [line for line in lines if line.startswith(("arithmetic", "judge"))]
+    rows = [line for line in lines if line.startswith(("arithmeti", "judge"))]
     assert len(rows) == 2, "\n".join(lines)
     for row in rows:
         cells = row.split()
         assert cells[1:3] == ["300", cells[2]] and len(cells[2]) == 6  # rollouts, mean
-        assert cells[-1] in ("better", "worse", "undecided") and "…" not in " ".join(cells[1:])
+        assert cells[-3] in ("better", "worse", "undecided") and "…" not in " ".join(cells[1:])
+        assert re.fullmatch(r"\+\d+ -\d+|\d+ moved", " ".join(cells[-2:])), row  # the flips
     assert "…" in rows[0]  # the long agent name gave way, the figures did not
 
 

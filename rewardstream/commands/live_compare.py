@@ -71,7 +71,7 @@ _COLUMNS = (
     Column("B - A", 0),
     Column("interval", 0),
     Column("verdict", 0),
-    Column("flips", 1),
+    Column("flips", 0),
 )
 _KEPT = ("_ng_task_index", "mean/reward", "min/reward", "max/reward")  # what flips read of a task
 
