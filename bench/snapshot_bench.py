@@ -7,7 +7,8 @@ snapshot is processor-side work; Kafka adds nothing to it), then times the snaps
 process, and ``rewardstream snapshot`` (a separate process, as a user runs it) against the real
 HTTP endpoint, end to end (state copy, profile build, ``sample`` read-back, rendering, response,
 files written), while the run is incomplete (one rollout per task is held back, so it is a
-partial profile). Memory held per rollout is the RSS growth while
+partial profile), and what ``rewardstream compare`` does with it for the task flips (its task
+rows read, the flips counted: run against itself). Memory held per rollout is the RSS growth while
 ingesting, divided by the rollouts ingested (inputs included: the state needs them too).
 With ``--aggregates`` the run asks for the aggregate and difficulty files (pass@k, avg-of-k
 and majority@k over ``extracted_answer``), which the snapshot then carries too.
@@ -28,8 +29,10 @@ from pathlib import Path
 
 from bench.generate import generate
 from bench.measure import tree_rss_kb
+from rewardstream.commands.live_compare import task_rows
 from rewardstream.contract.events import RunStarted, encode
 from rewardstream.kafka.local import free_port
+from rewardstream.processors.core.compare import task_flips
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.server import make_app, serve
 from rewardstream.processors.http.snapshot import SnapshotJob
@@ -111,6 +114,11 @@ async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int, out: Path) ->
             mib = size / 2**20
             print(f"rewardstream snapshot of {rollouts:,}: {times[-1]:.2f} s, {mib:.0f} MiB")
         print(f"median {statistics.median(times):.2f} s over {runs} runs")
+        t0 = time.perf_counter()
+        rows = task_rows(out)
+        flips = [task_flips(tasks, tasks) for tasks in rows.values()]
+        tasks = sum(f.common_task_count for f in flips)
+        print(f"compare's flips of {tasks:,} tasks: {time.perf_counter() - t0:.2f} s")
     finally:
         await runner.cleanup()
 

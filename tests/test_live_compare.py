@@ -3,13 +3,18 @@
 again here from the rollouts files alone, its verdicts on runs built to be clearly better,
 clearly worse, equal or too close to tell are those, a reward outside the range is said, an
 unknown run and an unreachable processor are one line and exit 2, and the table fits 80
-columns."""
+columns. Its task flips are those of ``gym eval compare`` on the same rollouts aggregated by
+``ng_aggregate_rollouts``, taken again only when due; once both runs are final, its
+``--output-dir`` report is the batch command's on the final files, byte for byte but for the
+time it was made."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
+import re
+import shutil
 import statistics
 import threading
 from collections.abc import Callable, Iterator
@@ -20,15 +25,19 @@ import orjson
 import pytest
 from rich.console import Console
 
+from rewardstream.commands import gym_cli
 from rewardstream.commands.cli import main
-from rewardstream.commands.live_compare import live_compare
-from rewardstream.contract.events import RunStarted, encode
+from rewardstream.commands.live_compare import TaskFlips, live_compare
+from rewardstream.contract.events import RunFinished, RunStarted, encode
 from rewardstream.processors.core.confseq import mixture_boundary
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.server import make_app, serve
+from rewardstream.processors.inprocess import finish
 from rewardstream.producers.events import input_events, rollout_events
+from rewardstream.producers.gym import aggregate_rollouts
 
 LONG = "arithmetic_simple_agent_with_a_long_name"
+REPORTS = ("compare_report.md", "compare_report.json")
 TASKS, REPEATS = 100, 6
 Reward = Callable[[str, int, int], float]
 
@@ -49,6 +58,8 @@ RUNS: dict[str, Reward] = {
     "mixed-a": lambda a, task, rollout: ((task * 7919 + rollout * 104729 + len(a)) % 1000) / 999,
     "mixed-b": lambda a, task, rollout: float((task * 31 + rollout * 17 + len(a)) % 5 < 3),
 }
+FINAL = {"final-a": _rate(0.3), "final-b": _rate(0.45)}  # final, with aggregate metrics
+_STAMP = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
 
 
 def _collection(folder: Path, reward: Reward, agents: list[str]) -> tuple[Path, Path]:
@@ -81,13 +92,21 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     """The processor's URL serving every run of :data:`RUNS`, and the folder of their files."""
     data = tmp_path_factory.mktemp("runs")
     pipeline = Pipeline(data / "state")
-    for run_id, reward in RUNS.items():
+    for run_id, reward in (RUNS | FINAL).items():
         agents = [LONG, "judge"] if run_id.startswith("mixed") else [LONG]
         inputs, rollouts = _collection(data / run_id, reward, agents)
         for event in [*input_events(inputs, run_id), *rollout_events(rollouts, run_id)]:
             pipeline.handle(event.kind, event.value)
-        started = RunStarted(run_id=run_id, expected_rollouts=TASKS * REPEATS, output_stem="r")
+        started = RunStarted(
+            run_id=run_id,
+            expected_rollouts=TASKS * REPEATS,
+            output_stem="r",
+            aggregate_metrics=run_id in FINAL,
+        )
         pipeline.handle("control", encode(started))
+        if run_id in FINAL:
+            run = pipeline.handle("control", encode(RunFinished(run_id=run_id)))
+            assert run is not None and finish(pipeline, run) is not None
     loop = asyncio.new_event_loop()
     runner, port = loop.run_until_complete(serve(make_app(pipeline, None), "127.0.0.1", 0))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -216,13 +235,135 @@ def test_an_unreachable_processor_is_one_line(capsys: pytest.CaptureFixture[str]
 def test_the_table_fits_80_columns_with_every_figure_whole(served: tuple[str, Path]) -> None:
     url, _ = served
     console = Console(width=80, record=True, force_terminal=False)
-    assert live_compare(url, "mixed-a", "mixed-b", once=True, console=console) == 0
+
+    def fetch(run_id: str, out: Path) -> None:
+        assert main(["snapshot", "--url", url, "--run-id", run_id, "--out", str(out)]) == 0
+
+    flips = TaskFlips(fetch, every=60.0)
+    assert live_compare(url, "mixed-a", "mixed-b", once=True, console=console, flips=flips) == 0
     lines = console.export_text().splitlines()
     assert all(len(line) <= 80 for line in lines), "\n".join(lines)
-    rows = [line for line in lines if line.startswith(("arithmetic", "judge"))]
+    rows = [line for line in lines if line.startswith(("arithmeti", "judge"))]
     assert len(rows) == 2, "\n".join(lines)
     for row in rows:
         cells = row.split()
         assert cells[1:3] == ["300", cells[2]] and len(cells[2]) == 6  # rollouts, mean
-        assert cells[-1] in ("better", "worse", "undecided") and "…" not in " ".join(cells[1:])
+        assert cells[-3] in ("better", "worse", "undecided") and "…" not in " ".join(cells[1:])
+        assert re.fullmatch(r"\+\d+ -\d+|\d+ moved", " ".join(cells[-2:])), row  # the flips
     assert "…" in rows[0]  # the long agent name gave way, the figures did not
+
+
+def _batch_flips(data: Path, tmp: Path, base: str, candidate: str) -> dict[str, Any]:
+    """Per agent, ``gym eval compare``'s flips of the two runs' rollouts files, aggregated by
+    ``ng_aggregate_rollouts`` (0.7.0's aggregate metrics, with per-task metrics)."""
+    rollouts = []
+    for run in (base, candidate):
+        (tmp / run).mkdir()
+        shutil.copy(data / run / "r.jsonl", tmp / run / "shard.jsonl")
+        glob = f"+input_glob={tmp / run}/shard.jsonl"
+        assert aggregate_rollouts.main([glob, f"+output_jsonl_fpath={tmp / run}/r.jsonl"]) == 0
+        rollouts.append(str(tmp / run / "r.jsonl"))
+    argv = ["eval", "compare", "--baseline", rollouts[0], "--candidates", rollouts[1]]
+    assert gym_cli.main([*argv, "-o", str(tmp / "report"), "--report-format", "json"]) == 0
+    report = orjson.loads((tmp / "report" / "compare_report.json").read_bytes())
+    return {c["baseline_agent"]: c["flips"][0] for c in report["comparisons"]}
+
+
+@pytest.mark.parametrize(("base", "candidate"), [("base", "better"), ("mixed-a", "mixed-b")])
+def test_the_flips_are_gym_eval_compares(
+    served: tuple[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    base: str,
+    candidate: str,
+) -> None:
+    """Binary rewards (fail->pass and pass->fail) and continuous ones (tasks moved), counted
+    from snapshots of the live runs as the batch command counts them from their files."""
+    url, data = served
+    code, out, err = _compare(capsys, url, base, candidate, "--json")
+    assert code == 0 and err == "", err
+    comparison = json.loads(out)
+    expected = _batch_flips(data, tmp_path, base, candidate)
+    assert comparison["flips"]["final"] is False and comparison["flips"]["error"] is None
+    for row in comparison["agents"]:
+        want = expected[row["agent"]]
+        assert row["flips"]["mode"] == want["mode"]
+        assert row["flips"]["moved"] == len(want["flips"]) > 0
+        for key in ("common_task_count", "pass_to_fail_count", "fail_to_pass_count", "net"):
+            assert row["flips"][key] == want[key], key
+    code, out, err = _compare(capsys, url, base, candidate)
+    first = comparison["agents"][0]["flips"]
+    shown = (
+        f"+{first['fail_to_pass_count']} -{first['pass_to_fail_count']}"
+        if first["mode"] == "binary"
+        else f"{first['moved']} moved"
+    )
+    assert code == 0 and shown in out and "from snapshots, every 60 s, as of" in out, out
+
+
+def test_the_flips_are_taken_again_only_when_due(served: tuple[str, Path]) -> None:
+    """Each refresh within ``every`` seconds reuses the rows; past it, or when both runs turn
+    final, each run is snapshotted again."""
+    url, _ = served
+    taken: list[str] = []
+
+    def fetch(run_id: str, out: Path) -> None:
+        taken.append(run_id)
+        assert main(["snapshot", "--url", url, "--run-id", run_id, "--out", str(out)]) == 0
+
+    flips = TaskFlips(fetch, every=60.0)
+    flips.refresh("base", "better", both_final=False)
+    flips.refresh("base", "better", both_final=False)
+    assert taken == ["base", "better"] and flips.of(LONG) is not None
+    flips.at -= 60
+    flips.refresh("base", "better", both_final=False)
+    assert taken == ["base", "better"] * 2
+    flips.refresh("base", "better", both_final=True)
+    flips.refresh("base", "better", both_final=True)
+    flips.at -= 3600
+    flips.refresh("base", "better", both_final=True)
+    assert taken == ["base", "better"] * 3 and flips.final
+
+
+def test_the_report_of_final_runs_is_the_batch_commands(
+    served: tuple[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both runs final: their final files in DIR/<run id>/ and compare_report.json and .md
+    in DIR, what ``gym eval compare`` writes from those files but for ``generated_at``."""
+    url, _ = served
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _compare(capsys, url, "final-a", "final-b", "--output-dir", "out")
+    assert code == 0 and err == "", err
+    assert f"wrote {tmp_path}/out/compare_report.md" in out.replace("\n", ""), out
+    assert "from both runs' final files" in out
+    ours = {name: (tmp_path / "out" / name).read_bytes() for name in REPORTS}
+    for name in REPORTS:
+        (tmp_path / "out" / name).unlink()
+    argv = ["eval", "compare", "--baseline", "out/final-a/r.jsonl"]
+    assert gym_cli.main([*argv, "--candidates", "out/final-b/r.jsonl", "-o", "out"]) == 0
+    for name in REPORTS:
+        batch = (tmp_path / "out" / name).read_bytes()
+        assert _STAMP.sub(b"T", ours[name]) == _STAMP.sub(b"T", batch), name
+        assert len(_STAMP.findall(batch)) == 1
+    report = orjson.loads(ours["compare_report.json"])
+    assert report["baseline"]["label"] == "final-a" and report["comparisons"]
+
+
+def test_a_report_that_cannot_be_written_is_one_line(
+    served: tuple[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "file").write_text("")
+    code, out, err = _compare(capsys, served[0], "final-a", "final-b", "--output-dir",
+                              str(tmp_path / "file"))  # fmt: skip
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("rewardstream: error: compare_report not written: ")
+
+
+def test_no_report_before_both_runs_are_final(
+    served: tuple[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, _ = _compare(capsys, served[0], "final-a", "base", "--output-dir", str(tmp_path))
+    assert code == 0 and "wrote" not in out and not (tmp_path / "compare_report.json").exists()

@@ -36,6 +36,7 @@ __all__ = [
     "agent_entries",
     "compare_agents",
     "comparison_value",
+    "task_flips",
     "with_repeat_metrics",
 ]
 
@@ -520,6 +521,13 @@ def _cap_rewards(flips: list[TaskFlip]) -> list[TaskFlip]:
             flip = replace(flip, baseline_rewards=None, candidate_rewards=None)
         capped.append(flip)
     return capped
+
+
+def task_flips(baseline: list[Entry], candidate: list[Entry]) -> FlipSummary:
+    """The flips of one agent between two runs' per-task rows (``group_level_metrics``, or a
+    profile's task rows, which have the same fields): what ``rewardstream compare`` shows of
+    runs still being collected, by the rules of the report's."""
+    return _flips(_Side("", {}, {}, baseline, []), _Side("", {}, {}, candidate, []), 0)
 
 
 def _flips(baseline: _Side, candidate: _Side, index: int) -> FlipSummary:

@@ -367,9 +367,20 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     return watch(args.url, args.run_id, args.interval, args.once, http_security.from_args(args))
 
 
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from rewardstream.commands.live_compare import live_compare
+_FINAL_WAIT = 30.0  # s: a final the processor shows is being read from Kafka
 
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from rewardstream.commands.live_compare import TaskFlips, live_compare
+
+    def snapshot(run_id: str, out: Path) -> None:
+        _snapshot(_with(args, run_id=run_id), out)
+
+    def final(run_id: str, out: Path) -> None:  # the processor said final: it is in Kafka
+        _fetch_final(_with(args, run_id=run_id, timeout=_FINAL_WAIT), out)
+
+    output_dir = None if args.output_dir is None else Path(args.output_dir)
+    flips = TaskFlips(snapshot, args.flips_every, final if args.bootstrap else None, output_dir)
     return live_compare(
         args.url,
         args.baseline_run,
@@ -381,7 +392,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         once=args.once,
         as_json=args.json,
         security=http_security.from_args(args),
+        flips=flips,
     )
+
+
+def _with(args: argparse.Namespace, **more: Any) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), **more})
 
 
 def _cmd_curate(args: argparse.Namespace) -> int:
@@ -683,6 +699,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     co.add_argument("--once", action="store_true", help="print the comparison once and exit")
     co.add_argument("--json", action="store_true", help="the comparison as JSON, a line a poll")
+    co.add_argument(
+        "--flips-every",
+        type=_seconds,
+        default=60.0,
+        metavar="S",
+        help="take the task flips again every S s: a snapshot of each run, seconds of the "
+        "processor's work on a large run (60)",
+    )
+    co.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="once both runs are final: their final files in DIR/<run id>/ and gym eval "
+        "compare's compare_report.json and .md in DIR",
+    )
+    kafka_options.add_option(
+        co, "--bootstrap", f"with --output-dir: the final files from Kafka: {BOOTSTRAP_HELP}"
+    )
+    kafka_options.add_option(co, "--topic-prefix", "with --bootstrap: topics <prefix>.*")
+    kafka_options.add_option(
+        co, "--group-id", "with --bootstrap: the processors' group (default <prefix>-profiler)"
+    )
+    kafka_options.add_arguments(co)
     http_security.add_client_arguments(co)
     co.set_defaults(func=_cmd_compare)
     cu = sub.add_parser(

@@ -34,7 +34,7 @@ from rewardstream.processors.core.compare import (
     with_repeat_metrics,
 )
 
-__all__ = ["NEMO_GYM_VERSION", "CompareConfig", "main"]
+__all__ = ["NEMO_GYM_VERSION", "CompareConfig", "main", "write_report"]
 
 PROG = "gym eval compare"
 NEMO_GYM_VERSION = "0.7.0"
@@ -207,15 +207,21 @@ def _output_dir(config: CompareConfig) -> Path:
     return _found(config.candidate_rollouts_jsonl_fpaths[-1]).parent
 
 
+def _written(config: CompareConfig, command: str) -> tuple[Report, list[Path]]:
+    from rewardstream.sinks.compare_report import write
+
+    report = _report(config, command)
+    return report, write(report, _output_dir(config), config.report_format)
+
+
 def _compare(config: CompareConfig, command: str) -> int:
     from rich import print as rich_print
     from rich.markup import escape
 
-    from rewardstream.sinks.compare_report import print_recap, write
+    from rewardstream.sinks.compare_report import print_recap
 
     try:
-        report = _report(config, command)
-        written = write(report, _output_dir(config), config.report_format)
+        report, written = _written(config, command)
     except RewardstreamError as exc:
         rich_print(f"[red]Error:[/red] {escape(str(exc))}")  # 0.7.0's: wrapped at the width
         return 1
@@ -223,14 +229,28 @@ def _compare(config: CompareConfig, command: str) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
-    """Compare as ``argv`` (``+key=value`` overrides, as ``gym`` turns its flags into) says;
-    raises :class:`UsageError` for a configuration 0.7.0 refuses with its usage."""
+def _config(argv: list[str]) -> CompareConfig:
     try:
-        config = CompareConfig.model_validate(parse_overrides(argv))
+        return CompareConfig.model_validate(parse_overrides(argv))
     except ValidationError as exc:
         raise UsageError(_refusal(exc)) from None
     except InputError as exc:
         raise UsageError(str(exc)) from None
-    command = shlex.join(["gym", "eval", "compare", *_shown(argv)])
-    return run_guarded(PROG, lambda: _compare(config, command))
+
+
+def _command(argv: list[str]) -> str:
+    return shlex.join(["gym", "eval", "compare", *_shown(argv)])
+
+
+def write_report(argv: list[str]) -> list[Path]:
+    """The report ``argv`` (the overrides ``gym eval compare``'s flags become) asks for, written
+    as that command writes it, without its recap: ``rewardstream compare --output-dir``'s.
+    Errors are :class:`RewardstreamError` (the message 0.7.0 prints after ``Error:``)."""
+    return _written(_config(argv), _command(argv))[1]
+
+
+def main(argv: list[str]) -> int:
+    """Compare as ``argv`` (``+key=value`` overrides, as ``gym`` turns its flags into) says;
+    raises :class:`UsageError` for a configuration 0.7.0 refuses with its usage."""
+    config = _config(argv)
+    return run_guarded(PROG, lambda: _compare(config, _command(argv)))

@@ -29,7 +29,7 @@ from typing import NamedTuple, NoReturn
 from rewardstream.errors import UsageError
 from rewardstream.infra.command import package_version
 
-__all__ = ["main"]
+__all__ = ["compare_overrides", "main"]
 
 
 class _Flag(NamedTuple):
@@ -201,6 +201,13 @@ def _override(flag: _Flag, value: str | list[str] | bool) -> str:
         items = [json.dumps(item.strip()) for item in str(value).split(",") if item.strip()]
         return f"+{flag.key}=[{','.join(items)}]"
     return f"+{flag.key}={value}"
+
+
+def compare_overrides(baseline: str, candidate: str, output_dir: str) -> list[str]:
+    """What ``gym eval compare --baseline B --candidates C --output-dir D`` passes on: a report
+    written from them (``rewardstream compare --output-dir``) names that command."""
+    given = {"--baseline": baseline, "--candidates": candidate, "--output-dir": output_dir}
+    return [_override(flag, given[flag.names[0]]) for flag in _COMPARE if flag.names[0] in given]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
