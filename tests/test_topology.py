@@ -20,6 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from rewardstream.commands.cli import main
+from rewardstream.contract.decisions import decisions_topic
 from rewardstream.contract.events import Topics
 from rewardstream.errors import InputError
 from rewardstream.kafka import local as kafka_local
@@ -195,12 +196,13 @@ def test_publish_into_a_fresh_prefix_gives_control_one_partition_and_the_run_com
     collection: Path,
 ) -> None:
     """On a broker whose auto-created topics get several partitions, the publisher creates
-    control with one (its first send would have auto-created it wide)."""
+    control and decisions with one (a first send or read would have auto-created them wide)."""
     prefix = unique_name("rs")
     topics = Topics.for_prefix(prefix)
     assert _publish(wide_broker, prefix, collection, "--run-id", "run") == 0
     shapes = asyncio.run(_partitions(wide_broker))
     assert (shapes[topics.inputs], shapes[topics.rollouts], shapes[topics.control]) == (4, 4, 1)
+    assert shapes[decisions_topic(topics)] == 1
     p = Processor(wide_broker, prefix, tmp_path / "out", tmp_path / "processor.log")
     processors.append(p)
     p.wait(lambda runs: runs.get("run", {}).get("done") is True)
