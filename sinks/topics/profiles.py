@@ -74,8 +74,8 @@ async def ensure_topics(
     engine topics (compacted), control and decisions, a ``publisher`` control and decisions
     (auto-creation would give them the broker's ``num.partitions``) and a data topic whose
     sibling exists (with the sibling's count; two missing data topics are auto-created alike by
-    the first send); a ``reader`` creates nothing. Engine and control replication is the broker's default (three
-    on a three-broker ``kafka start``)."""
+    the first send); a ``reader`` creates nothing. Engine and control replication is the
+    broker's default (three on a three-broker ``kafka start``)."""
     single = _one_partition(topics)
     decisions = decisions_topic(topics)
     siblings = {topics.inputs: topics.rollouts, topics.rollouts: topics.inputs}
