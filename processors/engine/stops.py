@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.state import ProfileState
 from rewardstream.processors.core.stopping import StopRule, Verdict, agent_settled, task_place
@@ -65,26 +67,34 @@ class RunStops:
         read.results = state.num_results
         rewards[~((rewards >= rule.lo) & (rewards <= rule.hi))] = math.nan  # outside: no place
         held = state.left_out(min(read.waiting, default=lo))
-        came = [read.waiting.pop(at) for at in [at for at in read.waiting if at not in held]]
-        fresh = zip(agents.tolist(), tasks.tolist(), rewards.tolist(), strict=True)
-        sums, touched = read.sums, set()
-        for at, (agent, task, reward) in enumerate(fresh, lo):
-            if at in held:
-                read.waiting[at] = (agent, task, reward)
-            else:
-                came.append((agent, task, reward))
-        for agent, task, reward in came:
-            held_sums = sums.setdefault((agent, task), [0.0, 0])
-            held_sums[0] += reward
-            held_sums[1] += 1
-            touched.add((agent, task))
+        if held or read.waiting:  # rollouts that came before their rows: rare
+            came = [read.waiting.pop(at) for at in [at for at in read.waiting if at not in held]]
+            keep = np.ones(len(tasks), dtype=np.bool_)
+            for at in sorted(at - lo for at in held if at >= lo):
+                read.waiting[at + lo] = (int(agents[at]), int(tasks[at]), float(rewards[at]))
+                keep[at] = False
+            agents = np.concatenate([agents[keep], np.array([a for a, _, _ in came], np.int32)])
+            tasks = np.concatenate([tasks[keep], np.array([t for _, t, _ in came], np.int64)])
+            rewards = np.concatenate([rewards[keep], np.array([r for _, _, r in came])])
+        if not len(tasks):
+            return []
+        # sums per (agent, task) of what came, then per pair touched: a pair per repeat set
+        pairs, inverse = np.unique(np.stack([agents, tasks]), axis=1, return_inverse=True)
+        totals = np.bincount(inverse.ravel(), weights=rewards)  # a NaN makes its pair's NaN
+        counts = np.bincount(inverse.ravel())
         verdicts = []
-        for agent_id, task in touched:
+        for (agent_id, task), total, n in zip(
+            pairs.T.tolist(), totals.tolist(), counts.tolist(), strict=True
+        ):
+            held_sums = read.sums.setdefault((agent_id, task), [0.0, 0])
+            held_sums[0] += total
+            held_sums[1] += n
             agent = state.names[agent_id] if agent_id >= 0 else ""
-            total, n = sums[agent_id, task]
-            if (agent, task) not in self.said and (place := task_place(total, int(n), rule)):
+            if (agent, task) in self.said:
+                continue
+            if place := task_place(held_sums[0], int(held_sums[1]), rule):
                 self.said.add((agent, task))
-                verdicts.append(Verdict(agent, task, place, int(n)))
+                verdicts.append(Verdict(agent, task, place, int(held_sums[1])))
         return verdicts
 
     def agents(self, tallies: Mapping[str, Tally]) -> list[Verdict]:
