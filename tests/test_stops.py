@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,11 @@ async def test_decisions_on_the_topic_and_the_early_final_says_why(
     detail = await asyncio.to_thread(run_detail, running.url, "early")
     assert detail["skipped"] == SKIPPED
     assert (await asyncio.to_thread(run_detail, running.url, "plain"))["skipped"] is None
+    metrics = await asyncio.to_thread(_get, f"{running.url}/metrics")
+    for reason, n in SKIPPED.items():
+        assert f'rewardstream_run_skipped_rows{{reason="{reason}",run_id="early"}} {n}.0' in metrics
+    skipped_series = [x for x in metrics.splitlines() if x.startswith("rewardstream_run_skipped_")]
+    assert len(skipped_series) == len(SKIPPED)  # none for the run that did not end early
     # the final is partial, as any final missing rows is, and its files are NeMo Gym's
     rows = _rows(REWARDS)
     came = [res for i, (_, res) in enumerate(rows) if i < 3 * per_round or _key(res) not in keys]
@@ -299,6 +305,11 @@ async def test_the_agent_rule_is_decided_once_by_the_leader_from_the_whole_run(
     await running.wait(lambda: "agents" in runs and runs["agents"].done)
     records = await read_topic(running.processor.bootstrap, decisions_topic(topics))
     assert [decode_decision(r.value).agent for r in records] == ["a"]
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
 
 
 def _half_width(rewards: list[float]) -> float:
