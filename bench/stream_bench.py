@@ -1,7 +1,7 @@
 """Stream processor throughput from pre-filled topics, in two numbers.
 
     python -m bench.stream_bench [--tasks 20000] [--repeats 8] [--bootstrap HOST:PORT]
-                                 [--aggregates]
+                                 [--aggregates] [--early-stop]
 
 Generates a collection (bench/generate.py) and writes its events to fresh topics. Then:
 
@@ -21,7 +21,10 @@ slice, folding it), so the CPU per event splits into Kafka's share and ours.
 
 Without ``--bootstrap`` it starts its own broker from the Maven jars. With ``--aggregates`` the
 run asks for pass@k and task difficulty and its rollout events carry answers (the per-rollout
-cost of the live statistics, and of their files in the final).
+cost of the live statistics, and of their files in the final). With ``--early-stop`` the run
+asks for an early stop (a band and a half-width): the processor decides after every slice and
+publishes its decisions (their cost per rollout; without it, deciding is a check that no run
+asked).
 """
 
 from __future__ import annotations
@@ -37,7 +40,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.generate import generate
 from bench.measure import kafka_workspace
-from rewardstream.contract.events import RunStarted, Topics, decode_inputs, decode_rollouts, encode
+from rewardstream.contract.events import (
+    EarlyStop,
+    RunStarted,
+    Topics,
+    decode_inputs,
+    decode_rollouts,
+    encode,
+)
 from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.engine.runs import Run
@@ -110,9 +120,11 @@ def confluent_floor(bootstrap: str, topic: str, n: int) -> tuple[float, float] |
         consumer.close()
 
 
-def stage_costs(work: Path, inputs: list[bytes], rollouts: list[bytes]) -> str:
+def stage_costs(work: Path, inputs: list[bytes], rollouts: list[bytes], started: bytes) -> str:
     """CPU per event of the processor's stages, in process on the same bytes, in its slices of
-    2,000: decoding (with the checks), then the whole apply (decode, dedupe, fold)."""
+    2,000: decoding (with the checks), then the whole apply (decode, dedupe, fold, and the
+    early-stop decisions after each slice, as the processor makes them after each batch) of
+    the run ``started`` announces."""
 
     def per_event(step: Callable[[list[bytes], range], object], raws: list[bytes]) -> float:
         cpu = time.process_time()
@@ -122,16 +134,20 @@ def stage_costs(work: Path, inputs: list[bytes], rollouts: list[bytes]) -> str:
         return (time.process_time() - cpu) / len(raws) * 1e6
 
     pipeline = Pipeline(work / "stages")
+    pipeline.handle("control", started)
     costs = {
         "decode input": per_event(lambda raws, _: decode_inputs(raws), inputs),
         "apply input": per_event(lambda r, at: pipeline.apply("input", r, "input-0", at), inputs),
         "decode rollout": per_event(lambda raws, _: decode_rollouts(raws), rollouts),
-        "apply rollout": per_event(
-            lambda r, at: pipeline.apply("rollout", r, "rollout-0", at), rollouts
-        ),
+        "apply rollout": per_event(lambda r, at: _apply_and_decide(pipeline, r, at), rollouts),
     }
     parts = [f"{stage} {cost:.1f}" for stage, cost in costs.items()]
     return "in process, us of CPU per event: " + ", ".join(parts)
+
+
+def _apply_and_decide(pipeline: Pipeline, raws: list[bytes], at: range) -> None:
+    pipeline.apply("rollout", raws, "rollout-0", at)
+    pipeline.decide()
 
 
 async def run_until(processor: StreamProcessor, done: Callable[[Run], bool]) -> tuple[float, float]:
@@ -153,7 +169,12 @@ async def run_until(processor: StreamProcessor, done: Callable[[Run], bool]) -> 
 
 
 async def measure(
-    bootstrap: str, tasks: int, repeats: int, work: Path, aggregates: bool = False
+    bootstrap: str,
+    tasks: int,
+    repeats: int,
+    work: Path,
+    aggregates: bool = False,
+    early_stop: bool = False,
 ) -> None:
     stem = work / "r"
     generate(tasks, repeats, stem, text_bytes=2000, seed=0)
@@ -166,10 +187,14 @@ async def measure(
         output_stem="r",
         aggregate_metrics=aggregates,
         answer_key=answer_key,
+        early_stop=EarlyStop(repeats=repeats, band=(0.25, 0.75), half_width=0.05)
+        if early_stop
+        else None,
     )
     control = WireEvent("control", b"run", encode(started))
     n = len(rollouts)
-    print(stage_costs(work, [e.value for e in inputs], [e.value for e in rollouts]))
+    raws = [e.value for e in inputs], [e.value for e in rollouts]
+    print(stage_costs(work, *raws, control.value))
 
     topics = Topics.for_prefix(f"bench-{uuid.uuid4().hex[:8]}")
     await prefill(bootstrap, topics, [*inputs, *rollouts, control])
@@ -239,9 +264,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--bootstrap", default=None)
     ap.add_argument("--aggregates", action="store_true", help="pass@k, difficulty, answers")
+    ap.add_argument("--early-stop", action="store_true", help="a band and a half-width")
     a = ap.parse_args()
     with kafka_workspace(a.bootstrap) as (bootstrap, work):
-        asyncio.run(measure(bootstrap, a.tasks, a.repeats, work, a.aggregates))
+        asyncio.run(measure(bootstrap, a.tasks, a.repeats, work, a.aggregates, a.early_stop))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,15 @@ def finish(pipeline: Pipeline, run: Run) -> ProfilePaths | None:
     cuts = {n: u.position for n, u in pipeline.units.items()}
     stem = paths.reward_profiling.name.removesuffix("_reward_profiling.jsonl")
     counts = Pipeline.counts_by_unit(parts)
-    done = Done(run.inputs, run.rollouts, counts, cuts, stem, agents=of_state(merged.state))
+    done = Done(
+        run.inputs,
+        run.rollouts,
+        counts,
+        cuts,
+        stem,
+        agents=of_state(merged.state),
+        skipped=run.skipped,
+    )
     pipeline.mark_final(run.run_id, done)
     log.info("run %s: final profile written to %s", run.run_id, paths.reward_profiling)
     return paths

@@ -126,6 +126,12 @@ class _LiveCollector(Collector):
             "all: max by run_id, not sum)",
             labels=["run_id", "agent", "failure_class"],
         )
+        skipped = GaugeMetricFamily(
+            "rewardstream_run_skipped_rows",
+            "rows an early stop left out, per reason, as the collector's run_finished said (the "
+            "final's once final): the run ended early, its final is partial",
+            labels=["run_id", "reason"],
+        )
         now = self._clock()
         task_figures: dict[str, dict[str, _Tasks]] = {}
         for run_id, run in self._runs().items():
@@ -134,6 +140,8 @@ class _LiveCollector(Collector):
             for agent, classes in run.failures.items():
                 for failure_class, n in classes.items():
                     failed.add_metric([run_id, agent, failure_class], n)
+            for reason, n in (run.skipped or {}).items():
+                skipped.add_metric([run_id, reason], n)
             whole = run.whole(now, figures=False)
             for agent, live in whole.items():
                 reward = live.reward
@@ -174,7 +182,7 @@ class _LiveCollector(Collector):
         yield from stats.values()
         yield from bounds.values()
         yield from additive.values()
-        yield from (completion, tasks, done, age, failed)
+        yield from (completion, tasks, done, age, failed, skipped)
         yield from _task_families(task_figures)
         lag = GaugeMetricFamily(
             "rewardstream_consumer_lag", "messages behind the log end", labels=["partition"]

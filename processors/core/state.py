@@ -533,6 +533,35 @@ class ProfileState:
             self._live[self.names[ag]].reward.add_many(mine[~np.isnan(mine)])
         return self._live
 
+    def rewards_from(
+        self, lo: int, pool_at: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.float64], int]:
+        """Per result from ``lo`` on (whose values start at ``pool_at`` in the pool): its task,
+        agent id (-1: none) and reward, NaN where it has none or is masked (no task mean
+        counts it); and where the next result's values will start. The early-stop rules read
+        a part's results this way, a batch at a time."""
+        hi = self.num_results
+        schema = np.frombuffer(self.res_schema, np.int32)[lo:hi].copy()
+        starts, total = self.value_starts(schema)
+        column = np.array([_index(n, _REWARD) for n, _ in self.schemas] or [-1], np.int64)[schema]
+        usable = (column >= 0) & (np.frombuffer(self.res_masked, np.int8)[lo:hi] == 0)
+        rewards = np.full(hi - lo, np.nan)
+        pool = np.frombuffer(self.pool, np.float64)
+        rewards[usable] = pool[pool_at + starts[usable] + column[usable]]
+        del pool  # a view: the pool cannot grow while it lives
+        tasks = np.frombuffer(self.res_task, np.int64)[lo:hi].copy()
+        return (
+            tasks,
+            np.frombuffer(self.res_agent, np.int32)[lo:hi].copy(),
+            rewards,
+            pool_at + total,
+        )
+
+    def left_out(self, lo: int = 0) -> set[int]:
+        """The results from ``lo`` on left out of the live figures (:meth:`leave_out`): their
+        rows have not come (never, for a foreign one)."""
+        return {at for at in self._out if at >= lo} if self._out else set()
+
     def value_starts(self, schema: npt.NDArray[np.int32]) -> tuple[npt.NDArray[np.int64], int]:
         """Where each of consecutive results (given their schema ids) starts in the value pool,
         relative to the first of them, and how many values they hold together."""
@@ -554,3 +583,8 @@ class ProfileState:
         of them: copies cost fresh pages). The buffer cannot grow while a view of it lives
         (``BufferError``), so use a view at once and keep only what is derived from it."""
         return np.frombuffer(buf, dtype=_DTYPES[buf.typecode])
+
+
+def _index(names: tuple[str, ...], name: str) -> int:
+    """Where ``name`` is in ``names``; -1 when it is not."""
+    return names.index(name) if name in names else -1

@@ -55,6 +55,7 @@ from rewardstream.contract.events import (
 from rewardstream.contract.names import Aggregates, ProfilePaths
 from rewardstream.errors import RewardstreamError
 from rewardstream.processors.core.state import ProfileState, keys_in, row_key, row_names
+from rewardstream.processors.core.stopping import Verdict
 from rewardstream.processors.engine.live import AgentLive
 from rewardstream.processors.engine.runs import (
     Counts,
@@ -70,6 +71,7 @@ from rewardstream.processors.engine.runs import (
     merge_parts,
     tasks_by_part,
 )
+from rewardstream.processors.engine.stops import RunStops
 
 __all__ = [
     "STALL_AFTER",
@@ -187,6 +189,7 @@ class Pipeline:
         self.leader = True  # finishes runs (the owner of rollout-0 in a group)
         self.strays: list[Stray] = []  # foreign rollouts for the transport to park
         self.rejected: list[Rejected] = []  # events for the transport to park, in order
+        self.stops: dict[str, RunStops] = {}  # the open runs that asked for an early stop
         self.metrics = metrics
 
     def close(self) -> None:
@@ -312,13 +315,13 @@ class Pipeline:
                 control = decode_control(raw)
                 run_id = control.run_id
                 if isinstance(control, RunStarted):
-                    self.run(run_id).started = control
+                    self._started(self.run(run_id), control)
                 elif isinstance(control, RunFinished):
                     if not self._announced(run_id):
                         detail = f"run_finished for run {run_id!r}, which never started"
                         self._reject(kind, "unknown-run", raw, detail, offset)
                         return None
-                    self.run(run_id).finished = True
+                    self.run(run_id).finish(control.skipped)
                 else:
                     self.run(run_id).attempt_failed(control)
         except (ValidationError, RewardstreamError, ValueError) as exc:
@@ -330,6 +333,27 @@ class Pipeline:
         run.heard(self._when(timestamp, since), self.clock())
         self.judge(run)
         return run
+
+    def _started(self, run: Run, started: RunStarted) -> None:
+        run.started = started
+        early = started.early_stop
+        if early is not None and run.terminal is None and run.run_id not in self.stops:
+            self.stops[run.run_id] = RunStops(early.rule())
+
+    def decide(self) -> list[tuple[str, Verdict]]:
+        """The early-stop decisions (run id, verdict) not made before
+        (:mod:`rewardstream.processors.engine.stops`): the task rule on the parts owned here,
+        the agent rule on the whole run when this processor leads. Nothing to do, and nothing
+        paid, when no open run asked for an early stop."""
+        made = []
+        for run_id, stops in self.stops.items():
+            run = self.runs[run_id]
+            states = {n: p.state for n, p in run.parts.items() if n.startswith("rollout-")}
+            made += [(run_id, v) for v in stops.tasks(states)]
+            if self.leader and stops.rule.half_width is not None:
+                whole = run.whole(self.clock(), figures=False)
+                made += [(run_id, v) for v in stops.agents({a: s.tally for a, s in whole.items()})]
+        return made
 
     def handle_inputs(
         self,
@@ -681,6 +705,7 @@ class Pipeline:
         if not terminal.evicted:  # a rollout its final left out has no row: park it
             self.judge(run, terminal)
         run.terminal = terminal
+        self.stops.pop(run_id, None)
         late = []
         for name, part in run.parts.items():
             held = terminal.units.get(name, _NO_COUNTS)

@@ -56,6 +56,7 @@ from rewardstream.processors.core.state import (
     row_key,
     row_names,
 )
+from rewardstream.processors.core.stopping import Reason
 from rewardstream.processors.core.welford import RunningStats
 from rewardstream.processors.engine.live import AgentLive, merge_agents, summarize
 
@@ -549,6 +550,7 @@ class Done(NamedTuple):
     stem: str
     evicted: bool = False
     agents: dict[str, AgentLive] | None = None  # per agent the final's figures (exact)
+    skipped: dict[Reason, int] | None = None  # rows an early stop left out, per reason
 
 
 class Counts(NamedTuple):
@@ -575,6 +577,7 @@ class Run:
         self.run_id = run_id
         self.started: RunStarted | None = None
         self.finished = False
+        self._skipped: dict[Reason, int] | None = None  # as its run_finished says
         # after "finished": unit -> log end offset it must be consumed to before a partial final;
         # None while the transport does not know every partition's end yet
         self.finish_at: dict[str, int] | None = {}
@@ -603,6 +606,20 @@ class Run:
             self._failed.add(key)
             classes = self.failures.setdefault(event.agent or "", {})
             classes[event.failure_class] = classes.get(event.failure_class, 0) + 1
+
+    def finish(self, skipped: Mapping[Reason, int] | None) -> None:
+        """The collector is done (``run_finished``), having left out ``skipped`` rows per
+        reason on an early stop (None: it stopped for none)."""
+        self.finished = True
+        self._skipped = None if skipped is None else dict(skipped)
+
+    @property
+    def skipped(self) -> dict[Reason, int] | None:
+        """Rows an early stop left out, per reason: its final record's once final (every
+        processor's), else as its ``run_finished`` said; None when it did not end early."""
+        if (final := self._final) is not None:
+            return final.skipped
+        return self._skipped
 
     @property
     def failed_attempts(self) -> int:

@@ -86,6 +86,8 @@ class LiveView:
             "failure_rate": _share(run.failed_attempts, run.failed_attempts + run.rollouts),
             # events a final record covers, read again after a restart
             "replays_skipped": run.replays,
+            # rows an early stop left out, per reason (None: the run did not end early)
+            "skipped": run.skipped,
             "stem": self.pipeline.paths(run).reward_profiling.name.removesuffix(
                 "_reward_profiling.jsonl"
             ),

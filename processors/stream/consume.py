@@ -19,6 +19,7 @@ from aiokafka import (
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.stream.commits import Commits
 from rewardstream.processors.stream.dead_letters import DeadLetters
+from rewardstream.processors.stream.decisions import Decisions
 from rewardstream.processors.stream.eviction import Eviction
 from rewardstream.processors.stream.finals import Finals
 from rewardstream.processors.stream.membership import Membership
@@ -39,8 +40,9 @@ Batch = dict[TopicPartition, list[ConsumerRecord]]
 class ConsumeLoop:
     """Owns the reading of the data and control topics: fetching (tagged with the assignment
     generation, so a batch fetched before a rebalance is dropped), handing slices to the engine,
-    and after each batch what the engine left to do: park dead letters, start the runs ready to
-    finish, commit and evict on their timers. Also each partition's lag, for ``/metrics``."""
+    and after each batch what the engine left to do: park dead letters, publish early-stop
+    decisions, start the runs ready to finish, commit and evict on their timers. Also each
+    partition's lag, for ``/metrics``."""
 
     def __init__(
         self,
@@ -51,10 +53,11 @@ class ConsumeLoop:
         commits: Commits,
         finals: Finals,
         eviction: Eviction,
+        decisions: Decisions,
         background: Background,
     ) -> None:
         self.pipeline, self.units, self.membership = pipeline, units, membership
-        self.dead_letters, self.commits = dead_letters, commits
+        self.dead_letters, self.commits, self.decisions = dead_letters, commits, decisions
         self.finals, self.eviction, self.background = finals, eviction, background
         self.generation = 0  # assignments so far: batches fetched under an older one are stale
         self.assigned_at: float | None = None  # time.monotonic() of the last partition assignment
@@ -119,6 +122,7 @@ class ConsumeLoop:
                 await self.commits.commit(await self.dead_letters.park_strays(producer), force=True)
             if self.dead_letters.rejected:
                 await self.dead_letters.send(producer)
+            await self.decisions.publish(producer)
             for run in list(self.pipeline.runs.values()):
                 if run.terminal is not None:
                     continue

@@ -86,6 +86,7 @@ class Finals:
             record.stem,
             record.state == "evicted",
             final_agents(record),
+            record.skipped,
         )
         run = self.pipeline.runs.get(record.run_id)
         if run is None or run.terminal is None:
@@ -202,6 +203,7 @@ class Finals:
             partial=partial,
             content=content_hex(content_sum(p.content for p in parts.values())),
             conflicts=sum(p.conflicts for p in parts.values()),
+            skipped=run.skipped,
             **final_figures(agents),
             inputs=sum(c.inputs for c in counts.values()),
             rollouts=sum(c.rollouts for c in counts.values()),

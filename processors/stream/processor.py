@@ -16,6 +16,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
+from rewardstream.contract.decisions import decisions_topic
 from rewardstream.contract.engine import EngineTopics
 from rewardstream.contract.events import Topics
 from rewardstream.contract.names import default_group
@@ -29,6 +30,7 @@ from rewardstream.processors.http.snapshot import SnapshotLimits
 from rewardstream.processors.stream.commits import Commits
 from rewardstream.processors.stream.consume import Batch, ConsumeLoop, Rebalance
 from rewardstream.processors.stream.dead_letters import DeadLetters
+from rewardstream.processors.stream.decisions import Decisions
 from rewardstream.processors.stream.endpoint import open_endpoint
 from rewardstream.processors.stream.eviction import Eviction
 from rewardstream.processors.stream.finals import Finals
@@ -52,8 +54,9 @@ class StreamProcessor:
 
     It owns nothing but the wiring: the engine (:attr:`pipeline`), the collaborators that act
     on what it decides (:attr:`units`, :attr:`membership`, :attr:`peers`, :attr:`dead_letters`,
-    :attr:`commits`, :attr:`finals`, :attr:`eviction`, :attr:`consume`), the Kafka clients and
-    the HTTP endpoint they share, started and stopped in order by :meth:`run`."""
+    :attr:`commits`, :attr:`finals`, :attr:`eviction`, :attr:`decisions`, :attr:`consume`),
+    the Kafka clients and the HTTP endpoint they share, started and stopped in order by
+    :meth:`run`."""
 
     def __init__(
         self,
@@ -133,6 +136,7 @@ class StreamProcessor:
             self._fail,
         )
         self.eviction = Eviction(pipeline, self.finals, evict_after)
+        self.decisions = Decisions(pipeline, decisions_topic(self.topics), self.group_id)
         self.consume = ConsumeLoop(
             pipeline,
             self.units,
@@ -141,6 +145,7 @@ class StreamProcessor:
             self.commits,
             self.finals,
             self.eviction,
+            self.decisions,
             self.background,
         )
 

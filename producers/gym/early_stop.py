@@ -121,9 +121,9 @@ class Skips:
         if self.stopper is None:
             return
         reward = result.get("reward")
-        value = None  # not a number: no rule passes over it
-        if isinstance(reward, int | float) and not isinstance(reward, bool):
-            value = float(reward) if math.isfinite(reward) else None
+        value = None  # not a number: no rule passes over it (a bool is 0/1, as in the profile)
+        if isinstance(reward, int | float) and math.isfinite(reward):
+            value = float(reward)
         for verdict in self.stopper.add(_agent(row), row["_ng_task_index"], value):
             self.take(verdict)
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,8 @@ from rewardstream.kafka import options as kafka_options
 from rewardstream.kafka.options import BOOTSTRAP_HELP
 
 if TYPE_CHECKING:
+    from rewardstream.contract.engine import FinalRecord
+    from rewardstream.processors.core.stopping import Reason
     from rewardstream.sinks.snapshot_wire import SnapshotHead
 
 __all__ = ["main", "ng_reward_profile"]
@@ -427,14 +429,25 @@ def _cmd_curate(args: argparse.Namespace) -> int:
 def _cmd_profiles_get(args: argparse.Namespace) -> int:
     from rewardstream.sinks.files import profile_lines
 
-    paths = _fetch_final(args, Path(args.out))
+    finals: list[FinalRecord] = []
+    paths = _fetch_final(args, Path(args.out), finals.append)
     print(*profile_lines(paths), sep="\n")
+    if finals and finals[0].skipped:
+        print(f"Ended early, rows skipped: {_skipped(finals[0].skipped)}")
     return 0
 
 
-def _fetch_final(args: argparse.Namespace, out: Path) -> ProfilePaths:
+def _skipped(skipped: Mapping[Reason, int]) -> str:
+    """What an early stop left out, per reason: ``above-band:2,below-band:3``."""
+    return ",".join(f"{reason}:{n}" for reason, n in sorted(skipped.items()))
+
+
+def _fetch_final(
+    args: argparse.Namespace, out: Path, seen: Callable[[FinalRecord], None] | None = None
+) -> ProfilePaths:
     """A run's final profile from Kafka into ``out`` (``--bootstrap``, ``--topic-prefix``,
-    ``--group-id``, ``--run-id``, ``--timeout`` and the Kafka security options)."""
+    ``--group-id``, ``--run-id``, ``--timeout`` and the Kafka security options); ``seen`` is
+    handed its final record first."""
     from rewardstream.contract.events import Topics
     from rewardstream.kafka import config as kafka_config
     from rewardstream.sinks.topics.wait import wait_profile
@@ -443,7 +456,15 @@ def _fetch_final(args: argparse.Namespace, out: Path) -> ProfilePaths:
     security = kafka_config.from_args(args)
     return run_loop(
         wait_profile(
-            args.bootstrap, topics, args.group_id, args.run_id, out, args.timeout, security, True
+            args.bootstrap,
+            topics,
+            args.group_id,
+            args.run_id,
+            out,
+            args.timeout,
+            security,
+            True,
+            seen=seen,
         )
     )
 
@@ -463,9 +484,10 @@ def _cmd_profiles_list(args: argparse.Namespace) -> int:
     )
     for (group, run_id), final in sorted(finals.items()):
         kind = "partial" if final.partial and final.state == "final" else final.state
+        early = f"\tskipped={_skipped(final.skipped)}" if final.skipped else ""
         print(
             f"{run_id}\t{kind}\tgroup={group}\trollouts={final.rollouts}"
-            f"\texpected={final.expected}\tstem={final.stem}"
+            f"\texpected={final.expected}\tstem={final.stem}{early}"
         )
     return 0
 

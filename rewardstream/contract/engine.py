@@ -38,6 +38,7 @@ from pydantic import (
 from rewardstream.contract.events import Topics
 from rewardstream.contract.names import RUN_ID, STEM, fits_a_name
 from rewardstream.errors import RewardstreamError
+from rewardstream.processors.core.stopping import Reason
 
 __all__ = [
     "CHUNK_BYTES",
@@ -200,6 +201,9 @@ class FinalRecord(_Record):
     # a final's, or written before content digests); and the conflicts its parts parked
     content: Annotated[str, Field(pattern="^[0-9a-f]{16}$")] | None = None
     conflicts: int = 0
+    # the rows an early stop left out, per reason, as the collector's run_finished said (None:
+    # it did not end early, or an older record): the final is partial, and this says why
+    skipped: dict[Reason, Annotated[int, Field(ge=0)]] | None = None
     written_by: StrictStr
     at: float
 

@@ -10,9 +10,10 @@ three profile files go there: a ``S_aggregate_metrics.json`` beside them is the 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
-from rewardstream.contract.engine import EngineTopics
+from rewardstream.contract.engine import EngineTopics, FinalRecord
 from rewardstream.contract.events import Topics
 from rewardstream.contract.names import default_group
 from rewardstream.kafka.config import KafkaSecurity
@@ -33,19 +34,22 @@ async def wait_profile(
     security: KafkaSecurity | None = None,
     extras: bool = False,
     of: tuple[FilesContent, str, str] | None = None,
+    seen: Callable[[FinalRecord], None] | None = None,
 ) -> ProfilePaths:
     """The run's final profile, written into ``out`` (group default: ``<prefix>-profiler``);
     its aggregate and difficulty files too with ``extras``. ``of``: (content, what, flag):
     the final must be the profile of the files ``what`` names, of that content
     (:func:`rewardstream.sinks.topics.content.files_content`), else it is refused, nothing
-    written (:class:`~rewardstream.sinks.topics.content.Conflict`, saying to pass ``flag``)."""
+    written (:class:`~rewardstream.sinks.topics.content.Conflict`, saying to pass ``flag``);
+    ``seen`` is handed the final record before its files are written."""
     prefix = topics.control.removesuffix(".control")
     security = security or KafkaSecurity.from_env()
     await ensure_topics(bootstrap, security, topics)  # else it may wait on the wrong partition
-    accept = None
+    accept = seen
     if of is not None:
         content, what, flag = of
-        accept = functools.partial(refuse, content=content, what=what, flag=flag)
+        refused = functools.partial(refuse, content=content, what=what, flag=flag)
+        accept = refused if seen is None else _both(seen, refused)
     return await fetch_profile(
         bootstrap,
         security,
@@ -58,3 +62,13 @@ async def wait_profile(
         extras,
         accept,
     )
+
+
+def _both(
+    first: Callable[[FinalRecord], None], then: Callable[[FinalRecord], None]
+) -> Callable[[FinalRecord], None]:
+    def both(final: FinalRecord) -> None:
+        first(final)
+        then(final)
+
+    return both
