@@ -10,7 +10,7 @@ is static (``static/``: HTML, one script, uPlot 1.6.32 with its MIT license: no 
 is pushed one JSON event per :data:`PUSH_EVERY` seconds over server-sent events
 (``GET /events?run=<id>``) while something changed: summaries only, never per-task rows, so it
 costs the same with 100,000 tasks as with ten. ``/?compare=A,B`` shows run B against run A
-(:meth:`LiveView.compare`, also ``GET /compare?baseline=A&candidate=B``): per agent both means
+(:meth:`LiveView.compare`, also ``GET /compare/A/B``): per agent both means
 with their intervals and the difference's, with its verdict, pushed as the runs are.
 """
 
@@ -246,11 +246,8 @@ def add_page(app: web.Application, view: LiveView) -> None:
         return response
 
     async def compare(request: web.Request) -> web.Response:
-        """``?baseline=A&candidate=B``: the comparison as JSON (404 naming an unknown run)."""
-        query = request.query
-        if "baseline" not in query or "candidate" not in query:
-            raise web.HTTPBadRequest(text="compare needs ?baseline=RUN&candidate=RUN")
-        shown = view.compare(query["baseline"], query["candidate"])
+        """The comparison as JSON (404 naming an unknown run)."""
+        shown = view.compare(request.match_info["baseline"], request.match_info["candidate"])
         if shown["unknown"]:
             raise web.HTTPNotFound(text=f"unknown run_id {shown['unknown'][0]!r}")
         return web.json_response(shown, dumps=lambda v: orjson.dumps(v).decode())
@@ -264,7 +261,7 @@ def add_page(app: web.Application, view: LiveView) -> None:
 
     app.router.add_get("/", page)
     app.router.add_get("/events", events)
-    app.router.add_get("/compare", compare)
+    app.router.add_get("/compare/{baseline}/{candidate}", compare)
     app.router.add_static("/static", STATIC)
     app.cleanup_ctx.append(sampler)
     app.on_shutdown.append(close_streams)
