@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rewardstream.commands.cli import main as cli_main
-from rewardstream.contract.events import Rollout
+from rewardstream.contract.events import Rollout, Topics
 from rewardstream.kafka.local import free_port
 from rewardstream.processors.core.difference import Rule
 from rewardstream.processors.core.records import ResultRecord
@@ -29,7 +29,8 @@ from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.server import make_app, serve
 from rewardstream.producers.events import input_events, rollout_events
 from rewardstream.sinks.metrics import Metrics
-from tests.golden import GOLDEN, golden_cases, golden_events
+from tests.golden import GOLDEN, file_events, generated_collection, golden_cases, golden_events
+from tests.processes import Processor, make_topics, send_events
 from tests.test_live_compare import LONG, RUNS
 from tests.test_live_compare import _collection as collection
 from tests.test_poison import metrics as scraped
@@ -289,3 +290,52 @@ async def test_a_real_prometheus_alerts_on_a_worse_candidate(
     finally:
         await runner.cleanup()
         pipeline.close()
+
+
+@pytest.mark.kafka
+def test_every_processor_exports_the_whole_runs_comparison(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """Two processors given ``--compare a:b``, each holding half the partitions of two open
+    runs, export the same difference of mean reward: the batch profiles' (their parts and the
+    peer's member records, not their share)."""
+    prefix = unique_name("cmp")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 4))
+    hosts = [
+        Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / f"p{i}.log",
+                  extra=["--compare", "a:b"], private_disk=tmp_path / f"host{i}")
+        for i in range(2)
+    ]  # fmt: skip
+    processors.extend(hosts)
+    deadline = time.monotonic() + 60
+    while sum(len(h.units()) for h in hosts) != 8 or not all(h.units() for h in hosts):
+        assert time.monotonic() < deadline, [h.units() for h in hosts]
+        time.sleep(0.2)
+    batch = {}
+    for run_id, seed in (("a", 1), ("b", 2)):
+        inputs, rollouts = generated_collection(tmp_path / run_id, tasks=80, repeats=4, seed=seed)
+        send_events(
+            kafka_bootstrap, topics, file_events(inputs, rollouts, run_id, "r", False), run_id
+        )
+        rows = orjson.loads((tmp_path / run_id / "r_agent_metrics.json").read_bytes())
+        batch[run_id] = {r["agent_ref"]["name"]: r["mean/reward"] for r in rows}
+    want = {agent: batch["b"][agent] - batch["a"][agent] for agent in batch["a"]}
+    name = "rewardstream_compare_difference"
+    deadline = time.monotonic() + 60
+    while True:
+        shown = [
+            {dict(labels)["agent"]: v for (n, labels), v in scraped(h.url).items() if n == name}
+            for h in hosts
+        ]
+        if all(s.keys() == want.keys() for s in shown) and all(
+            math.isclose(s[a], d, rel_tol=1e-9, abs_tol=1e-12)
+            for s in shown
+            for a, d in want.items()
+        ):
+            break
+        assert time.monotonic() < deadline, (shown, want)
+        time.sleep(0.3)
