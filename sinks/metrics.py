@@ -5,7 +5,8 @@ Per event, the hot path only notes the rollout's agent and its publish-to-visibl
 into the counter and the histogram's buckets with numpy at scrape time, or every 64 Ki events.
 Reward statistics are computed at scrape time by a custom collector from the live Welford
 moments of each run and agent, so a scrape costs O(runs x agents + new events), never
-O(rollouts). No label is per task.
+O(rollouts). No label is per task. The comparisons of the run pairs the processor was given
+(``--compare``) are computed there too, from the same whole-run view.
 """
 
 from __future__ import annotations
@@ -27,7 +28,16 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from rewardstream.contract.events import REJECT_REASONS, RejectReason, Rollout
+from rewardstream.processors.core.difference import (
+    BETTER,
+    NO_DIFFERENCE,
+    UNDECIDED,
+    WORSE,
+    Rule,
+    compare_agents,
+)
 from rewardstream.processors.core.difficulty import EDGES
+from rewardstream.processors.engine.live import sides
 
 if TYPE_CHECKING:
     from rewardstream.contract.events import EventKind
@@ -58,8 +68,11 @@ class _LiveCollector(Collector):
         lag: Callable[[], dict[str, int]],
         folded: Callable[[], Iterator[Metric]],
         clock: Callable[[], float],
+        compares: Sequence[tuple[str, str]],
+        rule: Rule,
     ) -> None:
         self._runs, self._lag, self._folded, self._clock = runs, lag, folded, clock
+        self._compares, self._rule = compares, rule
 
     def collect(self) -> Iterator[Metric]:
         yield from self._folded()
@@ -134,6 +147,7 @@ class _LiveCollector(Collector):
         )
         now = self._clock()
         task_figures: dict[str, dict[str, _Tasks]] = {}
+        wholes: dict[str, dict[str, AgentLive]] = {}
         for run_id, run in self._runs().items():
             if run.terminal is not None and run.terminal.evicted:
                 continue  # abandoned: its series go (docs/streaming.md, --evict-after)
@@ -142,7 +156,7 @@ class _LiveCollector(Collector):
                     failed.add_metric([run_id, agent, failure_class], n)
             for reason, n in (run.skipped or {}).items():
                 skipped.add_metric([run_id, reason], n)
-            whole = run.whole(now, figures=False)
+            whole = wholes[run_id] = run.whole(now, figures=False)
             for agent, live in whole.items():
                 reward = live.reward
                 if reward.count:
@@ -184,6 +198,7 @@ class _LiveCollector(Collector):
         yield from additive.values()
         yield from (completion, tasks, done, age, failed, skipped)
         yield from _task_families(task_figures)
+        yield from _compare_families(self._compares, wholes, self._rule)
         lag = GaugeMetricFamily(
             "rewardstream_consumer_lag", "messages behind the log end", labels=["partition"]
         )
@@ -268,6 +283,54 @@ def _task_families(figures: dict[str, dict[str, _Tasks]]) -> Iterator[Metric]:
     yield from (kinds, pass_sum, pass_n, means)
 
 
+# a number per verdict, so that its series lives as long as the pair (a label would start a new
+# series at every change): alert on == 1 or == -1; undecided is NaN, which no comparison selects
+_VERDICTS = {BETTER: 1.0, WORSE: -1.0, NO_DIFFERENCE: 0.0, UNDECIDED: math.nan}
+
+
+def _compare_families(
+    pairs: Sequence[tuple[str, str]], wholes: dict[str, dict[str, AgentLive]], rule: Rule
+) -> Iterator[Metric]:
+    """Per pair of runs both known here (not evicted) and agent in both, the difference of mean
+    reward, its anytime-valid interval and the verdict (docs/intervals.md §Comparing two runs);
+    no interval, no bounds nor verdict."""
+    names = ["baseline", "candidate", "agent"]
+    point = GaugeMetricFamily(
+        "rewardstream_compare_difference",
+        "candidate minus baseline mean reward over the whole runs (--compare)",
+        labels=names,
+    )
+    bounds = {
+        side: GaugeMetricFamily(
+            f"rewardstream_compare_difference_{side}",
+            f"{side} end of the difference's anytime-valid interval (docs/intervals.md)",
+            labels=[*names, "level"],
+        )
+        for side in ("lower", "upper")
+    }
+    verdicts = GaugeMetricFamily(
+        "rewardstream_compare_verdict",
+        "1 better (lower end > noise floor), -1 worse (upper end < -noise floor), 0 no "
+        "difference larger than the noise floor, NaN undecided",
+        labels=[*names, "level", "noise_floor"],
+    )
+    level, floor = repr(rule.level), repr(rule.noise_floor)
+    for baseline, candidate in pairs:
+        if baseline not in wholes or candidate not in wholes:
+            continue
+        for row in compare_agents(sides(wholes[baseline]), sides(wholes[candidate]), rule)[
+            "agents"
+        ]:
+            labels = [baseline, candidate, row["agent"]]
+            if row["difference"] is not None:
+                point.add_metric(labels, row["difference"])
+            if row["lower"] is not None:
+                for side, family in bounds.items():
+                    family.add_metric([*labels, level], row[side])
+                verdicts.add_metric([*labels, level, floor], _VERDICTS[row["verdict"]])
+    yield from (point, *bounds.values(), verdicts)
+
+
 class Metrics:
     """The processor's metrics, in their own registry (tests build one each)."""
 
@@ -277,9 +340,12 @@ class Metrics:
         lag: Callable[[], dict[str, int]] = dict,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        compares: Sequence[tuple[str, str]] = (),
+        rule: Rule | None = None,
     ) -> None:
         """``clock``: the engine's (:attr:`rewardstream.processors.engine.pipeline.Pipeline.clock`),
-        which times the runs' last events."""
+        which times the runs' last events; ``compares``: (baseline, candidate) run ids whose
+        comparison is exported, judged by ``rule``."""
         self.registry = registry or CollectorRegistry()
         self.duplicates = Counter(
             "rewardstream_duplicates_dropped",
@@ -301,7 +367,8 @@ class Metrics:
         self._consumed: dict[str, int] = {}  # rollouts by agent, folded
         self._agents: collections.Counter[str | None] = collections.Counter()  # since last fold
         self._latencies: list[float] = []
-        self.registry.register(_LiveCollector(runs, lag, self._families, clock))
+        live = _LiveCollector(runs, lag, self._families, clock, compares, rule or Rule())
+        self.registry.register(live)
 
     def duplicate(self, kind: EventKind, n: int = 1) -> None:
         self.duplicates.labels(kind).inc(n)

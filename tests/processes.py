@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -21,6 +22,7 @@ from rewardstream.contract.events import EventKind, Topics, task_key
 from rewardstream.infra.http_security import HttpSecurity, open_url
 from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.kafka.local import free_port
+from rewardstream.processors.http.server import serve
 from rewardstream.sinks.topics.profiles import ensure_topics
 
 __all__ = [
@@ -276,3 +278,20 @@ class Processor:
     def kill(self, sig: int) -> None:
         self.proc.send_signal(sig)
         self.proc.wait(30)
+
+
+@contextlib.contextmanager
+def serving(app: web.Application) -> Iterator[str]:
+    """``app`` served on a free loopback port by an event loop in a thread of its own, for tests
+    whose clients block (a browser, a command); yields its ``http://127.0.0.1:PORT``."""
+    loop = asyncio.new_event_loop()
+    runner, port = loop.run_until_complete(serve(app, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()

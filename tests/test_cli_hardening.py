@@ -456,9 +456,14 @@ def test_a_mistyped_command_or_flag_gets_the_closest_known_one(argv: list[str], 
         ["stream", "--bootstrap", "x", "--evict-after", "0"],
         ["stream", "--bootstrap", "x", "--checkpoint-every", "nan"],
         ["stream", "--bootstrap", "x", "--topic-prefix", "a/b"],
+        ["stream", "--bootstrap", "x", "--compare", "a"],
+        ["stream", "--bootstrap", "x", "--compare", "a:a"],
+        ["stream", "--bootstrap", "x", "--compare", "a:b/c"],
+        ["stream", "--bootstrap", "x", "--compare-level", "1"],
+        ["stream", "--bootstrap", "x", "--compare-noise-floor", "-0.1"],
         ["profiles", "get", "--bootstrap", "x", "--run-id", "r", "--out", "o", "--timeout", "-1"],
     ],
-    ids=lambda a: " ".join(a[:3]),
+    ids=lambda a: " ".join(a[:3] if a[0] != "stream" else a[3:]),
 )
 def test_bad_folders_and_numbers_are_one_line(tmp_path: Path, argv: list[str]) -> None:
     inputs, rollouts = _pair(tmp_path / "a")

@@ -10,13 +10,11 @@ time it was made."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
 import shutil
 import statistics
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,10 +29,11 @@ from rewardstream.commands.live_compare import TaskFlips, live_compare
 from rewardstream.contract.events import RunFinished, RunStarted, encode
 from rewardstream.processors.core.confseq import mixture_boundary
 from rewardstream.processors.engine.pipeline import Pipeline
-from rewardstream.processors.http.server import make_app, serve
+from rewardstream.processors.http.server import make_app
 from rewardstream.processors.inprocess import finish
 from rewardstream.producers.events import input_events, rollout_events
 from rewardstream.producers.gym import aggregate_rollouts
+from tests.processes import serving
 
 LONG = "arithmetic_simple_agent_with_a_long_name"
 REPORTS = ("compare_report.md", "compare_report.json")
@@ -107,17 +106,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         if run_id in FINAL:
             run = pipeline.handle("control", encode(RunFinished(run_id=run_id)))
             assert run is not None and finish(pipeline, run) is not None
-    loop = asyncio.new_event_loop()
-    runner, port = loop.run_until_complete(serve(make_app(pipeline, None), "127.0.0.1", 0))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     try:
-        yield f"http://127.0.0.1:{port}", data
+        with serving(make_app(pipeline, None)) as url:
+            yield url, data
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
         pipeline.close()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 import shutil
 import signal
@@ -10,22 +12,31 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rewardstream.contract.events import Rollout
+from rewardstream.commands.cli import main as cli_main
+from rewardstream.contract.events import Rollout, Topics
 from rewardstream.kafka.local import free_port
+from rewardstream.processors.core.difference import Rule
 from rewardstream.processors.core.records import ResultRecord
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.server import make_app, serve
+from rewardstream.producers.events import input_events, rollout_events
 from rewardstream.sinks.metrics import Metrics
-from tests.golden import GOLDEN, golden_cases, golden_events
+from tests.golden import GOLDEN, file_events, generated_collection, golden_cases, golden_events
+from tests.processes import Processor, make_topics, send_events
+from tests.test_live_compare import LONG, RUNS
+from tests.test_live_compare import _collection as collection
+from tests.test_poison import metrics as scraped
 
 pytestmark = pytest.mark.skipif(not GOLDEN.exists(), reason="no goldens")
+RULES = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "rules.yml"
 
 
 def _pipeline(tmp_path: Path) -> tuple[Pipeline, Metrics]:
@@ -92,11 +103,13 @@ def prometheus_bin() -> str:
 
 @pytest.fixture
 def prometheus(prometheus_bin: str, tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """A real Prometheus scraping 127.0.0.1:<target> every second; yields (its url, target)."""
+    """A real Prometheus scraping 127.0.0.1:<target> every second, evaluating the shipped rules
+    (deploy/prometheus/rules.yml) every second; yields (its url, target)."""
     target, port = free_port(), free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{RULES}']\n"
         "scrape_configs: [{job_name: rewardstream, static_configs: "
         f"[{{targets: ['127.0.0.1:{target}']}}]}}]\n"
     )
@@ -184,3 +197,145 @@ def test_latency_notes_fold_into_cumulative_le_buckets() -> None:
     assert got[(bucket, (("le", "0.25"),))] == 3
     assert got[(bucket, (("le", "+Inf"),))] == 4
     assert got[("rewardstream_rollouts_consumed_total", (("agent", "a"),))] == 4
+
+
+def _compared(tmp_path: Path) -> Pipeline:
+    """A pipeline holding the runs ``rewardstream compare``'s tests build (open, in process)."""
+    pipeline = Pipeline(tmp_path / "state")
+    for run_id in ("base", "better", "worse", "same", "outside"):
+        inputs, rollouts = collection(tmp_path / run_id, RUNS[run_id], [LONG])
+        for event in [*input_events(inputs, run_id), *rollout_events(rollouts, run_id)]:
+            pipeline.handle(event.kind, event.value)
+    return pipeline
+
+
+PAIRS = [("base", "better"), ("base", "worse"), ("base", "same"), ("base", "outside")]
+
+
+async def test_compare_gauges_are_rewardstream_compares_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Scraped from a real endpoint, each pair's difference, interval and verdict are those
+    ``rewardstream compare --json`` shows against the same processor (1 better, -1 worse, NaN
+    undecided; 0 under a noise floor wider than the interval); a run with a reward outside its
+    range has a difference but no interval nor verdict; a pair with an unknown run, no series."""
+    pipeline = _compared(tmp_path)
+    wide = Rule(0.95, 1.0)
+    apps = []
+    for rule in (Rule(), wide):
+        metrics = Metrics(lambda: pipeline.runs, compares=[*PAIRS, ("base", "nope")], rule=rule)
+        apps.append(await serve(make_app(pipeline, metrics.registry, rule=rule), "127.0.0.1", 0))
+    try:
+        urls = [f"http://127.0.0.1:{port}" for _, port in apps]
+        got, got_wide = [await asyncio.to_thread(scraped, url) for url in urls]
+        for baseline, candidate in PAIRS:
+            argv = ["compare", "--url", urls[0], "--baseline-run", baseline]
+            argv += ["--candidate-run", candidate, "--once", "--json"]
+            assert await asyncio.to_thread(cli_main, argv) == 0
+            (row,) = orjson.loads(capsys.readouterr().out)["agents"]
+            pair = (("agent", LONG), ("baseline", baseline), ("candidate", candidate))
+            at = tuple(sorted((*pair, ("level", "0.95"))))
+            assert got[("rewardstream_compare_difference", pair)] == row["difference"]
+            if candidate == "outside":
+                named = [name for name, labels in got if ("candidate", "outside") in labels]
+                assert named == ["rewardstream_compare_difference"]
+                continue
+            assert got[("rewardstream_compare_difference_lower", at)] == row["lower"]
+            assert got[("rewardstream_compare_difference_upper", at)] == row["upper"]
+            verdict = got[("rewardstream_compare_verdict", (*at, ("noise_floor", "0.01")))]
+            want = {"better": 1.0, "worse": -1.0, "undecided": math.nan}[row["verdict"]]
+            assert verdict == want or (math.isnan(verdict) and math.isnan(want)), row
+            said = got_wide[("rewardstream_compare_verdict", (*at, ("noise_floor", "1.0")))]
+            assert said == 0.0  # an interval within [-1, 1]: no difference larger than 1
+        assert not [k for k in got if ("candidate", "nope") in k[1]]
+    finally:
+        for runner, _ in apps:
+            await runner.cleanup()
+        pipeline.close()
+
+
+def _alerts(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/api/v1/alerts", timeout=5) as r:
+        alerts: list[dict[str, Any]] = orjson.loads(r.read())["data"]["alerts"]
+    return alerts
+
+
+async def test_a_real_prometheus_alerts_on_a_worse_candidate(
+    tmp_path: Path, prometheus: tuple[str, int]
+) -> None:
+    """The shipped alert, evaluated by a real Prometheus scraping a processor given the pairs,
+    fires for the worse candidate only (no ``for``: at once); better is selected by == 1."""
+    url, target = prometheus
+    pipeline = _compared(tmp_path)
+    metrics = Metrics(lambda: pipeline.runs, compares=PAIRS)
+    runner, _ = await serve(make_app(pipeline, metrics.registry), "127.0.0.1", target)
+    try:
+        deadline = time.monotonic() + 60
+        firing: list[dict[str, Any]] = []
+        while not firing:
+            with contextlib.suppress(OSError):
+                firing = [
+                    a
+                    for a in await asyncio.to_thread(_alerts, url)
+                    if a["labels"]["alertname"] == "RewardstreamCandidateWorse"
+                    and a["state"] == "firing"
+                ]
+            assert time.monotonic() < deadline, "the alert never fired"
+            await asyncio.sleep(0.5)
+        assert [(a["labels"]["baseline"], a["labels"]["candidate"]) for a in firing] == [
+            ("base", "worse")
+        ]
+        better = await asyncio.to_thread(_query, url, "rewardstream_compare_verdict == 1")
+        assert [m["metric"]["candidate"] for m in better] == ["better"]  # type: ignore[index]
+    finally:
+        await runner.cleanup()
+        pipeline.close()
+
+
+@pytest.mark.kafka
+def test_every_processor_exports_the_whole_runs_comparison(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """Two processors given ``--compare a:b``, each holding half the partitions of two open
+    runs, export the same difference of mean reward: the batch profiles' (their parts and the
+    peer's member records, not their share)."""
+    prefix = unique_name("cmp")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 4))
+    hosts = [
+        Processor(kafka_bootstrap, prefix, tmp_path / "out", tmp_path / f"p{i}.log",
+                  extra=["--compare", "a:b"], private_disk=tmp_path / f"host{i}")
+        for i in range(2)
+    ]  # fmt: skip
+    processors.extend(hosts)
+    deadline = time.monotonic() + 60
+    while sum(len(h.units()) for h in hosts) != 8 or not all(h.units() for h in hosts):
+        assert time.monotonic() < deadline, [h.units() for h in hosts]
+        time.sleep(0.2)
+    batch = {}
+    for run_id, seed in (("a", 1), ("b", 2)):
+        inputs, rollouts = generated_collection(tmp_path / run_id, tasks=80, repeats=4, seed=seed)
+        send_events(
+            kafka_bootstrap, topics, file_events(inputs, rollouts, run_id, "r", False), run_id
+        )
+        rows = orjson.loads((tmp_path / run_id / "r_agent_metrics.json").read_bytes())
+        batch[run_id] = {r["agent_ref"]["name"]: r["mean/reward"] for r in rows}
+    want = {agent: batch["b"][agent] - batch["a"][agent] for agent in batch["a"]}
+    name = "rewardstream_compare_difference"
+    deadline = time.monotonic() + 60
+    while True:
+        shown = [
+            {dict(labels)["agent"]: v for (n, labels), v in scraped(h.url).items() if n == name}
+            for h in hosts
+        ]
+        if all(s.keys() == want.keys() for s in shown) and all(
+            math.isclose(s[a], d, rel_tol=1e-9, abs_tol=1e-12)
+            for s in shown
+            for a, d in want.items()
+        ):
+            break
+        assert time.monotonic() < deadline, (shown, want)
+        time.sleep(0.3)

@@ -11,12 +11,10 @@ one per size) into ``docs/``.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import random
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +30,8 @@ from rewardstream.contract.events import RunStarted, encode
 from rewardstream.processors.engine.live import History
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.page import HISTORY_EVERY, LiveView, add_page
-from rewardstream.processors.http.server import serve
 from rewardstream.producers.events import input_events, rollout_events
+from tests.processes import serving
 
 DOCS = Path(__file__).parent.parent / "docs"
 SIZES = {"desktop": (1400, 1000), "laptop": (1024, 768), "phone": (390, 844)}
@@ -104,19 +102,10 @@ def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     pipeline.handle("control", encode(started))
     view = LiveView(pipeline)
     planted(view, points, agents)
-    loop = asyncio.new_event_loop()
     app = web.Application()
     add_page(app, view)
-    runner, port = loop.run_until_complete(serve(app, "127.0.0.1", 0))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
+    with serving(app) as url:
+        yield url + "/"
 
 
 @pytest.fixture

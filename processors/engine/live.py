@@ -24,6 +24,7 @@ from typing import Any
 
 from rewardstream.contract.engine import AgentProgress, AgentSpread, FinalRecord
 from rewardstream.processors.core.confseq import DEFAULT_LEVEL, Tally
+from rewardstream.processors.core.difference import Side
 from rewardstream.processors.core.difficulty import EDGES
 from rewardstream.processors.core.passk import curve_ks
 from rewardstream.processors.core.profile import TOKEN_BINS, TaskFigures, live_figures
@@ -37,6 +38,7 @@ __all__ = [
     "final_figures",
     "merge_agents",
     "of_state",
+    "sides",
     "summarize",
 ]
 
@@ -239,6 +241,14 @@ def final_agents(record: FinalRecord) -> dict[str, AgentLive] | None:
     for agent, live in agents.items():
         live.spread = record.spread.get(agent)
     return agents or None
+
+
+def sides(agents: Mapping[str, AgentLive]) -> dict[str, Side]:
+    """Per agent of a run's summary, what a comparison of two runs reads of it."""
+    return {
+        agent: Side(s.rollouts, _finite(s.reward.mean) if s.reward.count else None, s.tally)
+        for agent, s in agents.items()
+    }
 
 
 def merge_agents(summaries: Iterable[Mapping[str, AgentLive]]) -> dict[str, AgentLive]:

@@ -9,7 +9,9 @@ page opened mid-run still draws the run from its start (from when this processor
 is static (``static/``: HTML, one script, uPlot 1.6.32 with its MIT license: no internet needed) and
 is pushed one JSON event per :data:`PUSH_EVERY` seconds over server-sent events
 (``GET /events?run=<id>``) while something changed: summaries only, never per-task rows, so it
-costs the same with 100,000 tasks as with ten.
+costs the same with 100,000 tasks as with ten. ``/?compare=A,B`` shows run B against run A
+(:meth:`LiveView.compare`, also ``GET /compare/A/B``): per agent both means
+with their intervals and the difference's, with its verdict, pushed as the runs are.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rewardstream.processors.engine.live import AgentLive, History
+from rewardstream.processors.core.difference import Rule, compare_agents
+from rewardstream.processors.engine.live import AgentLive, History, sides
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.engine.runs import Run
 
@@ -53,8 +56,9 @@ def _share(part: int, whole: int) -> float | None:
 class LiveView:
     """The JSON views of the runs a pipeline knows, and their histories."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, rule: Rule | None = None) -> None:
         self.pipeline = pipeline
+        self.rule = rule or Rule()  # what a comparison of two runs is judged by
         self.histories: dict[str, History] = {}
 
     def summary(self, run: Run) -> dict[str, Any]:
@@ -114,6 +118,17 @@ class LiveView:
     def runs(self) -> list[dict[str, Any]]:
         return [self.summary(r) for r in self.pipeline.runs.values()]
 
+    def compare(self, baseline: str, candidate: str) -> dict[str, Any]:
+        """Run ``candidate`` against run ``baseline``, whole runs, per agent in both
+        (:func:`~rewardstream.processors.core.difference.compare_agents`), with each run's
+        summary (None, and its id in ``unknown``, for a run this processor does not know)."""
+        ids = {"baseline": baseline, "candidate": candidate}
+        runs = {role: self.pipeline.runs.get(run_id) for role, run_id in ids.items()}
+        a, b = ({} if r is None else sides(r.whole(time.monotonic(), False)) for r in runs.values())
+        shown = {role: None if run is None else self.summary(run) for role, run in runs.items()}
+        unknown = [ids[role] for role, run in runs.items() if run is None]
+        return compare_agents(a, b, self.rule) | shown | {"unknown": unknown}
+
     def _rate(self, run_id: str) -> float | None:
         """Rollouts per second over the last :data:`RATE_WINDOW` seconds of history."""
         history = self.histories.get(run_id)
@@ -168,6 +183,12 @@ def page_response() -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+def _pair(text: str) -> tuple[str, str] | None:
+    """``A,B`` of ``?compare=A,B`` (run ids have no comma); anything else, no comparison."""
+    baseline, comma, candidate = text.partition(",")
+    return (baseline, candidate) if comma and baseline and candidate else None
+
+
 async def _sampling(view: LiveView) -> None:
     while True:
         view.sample()
@@ -191,6 +212,7 @@ def add_page(app: web.Application, view: LiveView) -> None:
         idle. The first push carries the selected run's whole history, later ones what came
         since."""
         run_id = request.query.get("run") or None
+        pair = _pair(request.query.get("compare", ""))
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -209,6 +231,7 @@ def add_page(app: web.Application, view: LiveView) -> None:
                         "runs": view.runs(),
                         "run": view.detail(run) if run is not None else None,
                         "history": points,
+                        "compare": None if pair is None else view.compare(*pair),
                     }
                 )
                 if body != last or points:
@@ -224,6 +247,13 @@ def add_page(app: web.Application, view: LiveView) -> None:
                 quiet += PUSH_EVERY
         return response
 
+    async def compare(request: web.Request) -> web.Response:
+        """The comparison as JSON (404 naming an unknown run)."""
+        shown = view.compare(request.match_info["baseline"], request.match_info["candidate"])
+        if shown["unknown"]:
+            raise web.HTTPNotFound(text=f"unknown run_id {shown['unknown'][0]!r}")
+        return web.json_response(shown, dumps=lambda v: orjson.dumps(v).decode())
+
     async def sampler(_: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(_sampling(view))
         yield
@@ -233,6 +263,7 @@ def add_page(app: web.Application, view: LiveView) -> None:
 
     app.router.add_get("/", page)
     app.router.add_get("/events", events)
+    app.router.add_get("/compare/{baseline}/{candidate}", compare)
     app.router.add_static("/static", STATIC)
     app.cleanup_ctx.append(sampler)
     app.on_shutdown.append(close_streams)

@@ -33,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.infra.http_security import HttpSecurity
+from rewardstream.processors.core.difference import Rule
 from rewardstream.processors.engine.partwire import PART_LIST_TYPE, encode_answer
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.engine.runs import PartView, Run
@@ -87,9 +88,11 @@ def make_app(
     limits: SnapshotLimits | None = None,
     *,
     security: HttpSecurity | None = None,
+    rule: Rule | None = None,
 ) -> web.Application:
     """Health, ``/runs``, snapshots and parts of ``pipeline``, the metrics in ``registry``;
-    snapshots bounded by ``limits``; behind ``security``'s token if it has one."""
+    snapshots bounded by ``limits``; behind ``security``'s token if it has one; comparisons of
+    two runs judged by ``rule``."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry) if registry is not None else b""
@@ -99,7 +102,7 @@ def make_app(
         units = {name: unit.position for name, unit in sorted(pipeline.units.items())}
         return web.json_response({"status": "ok", "leader": pipeline.leader, "units": units})
 
-    view = LiveView(pipeline)
+    view = LiveView(pipeline, rule or Rule())
 
     async def runs(_: web.Request) -> web.Response:
         return web.json_response(view.runs(), dumps=_dumps)

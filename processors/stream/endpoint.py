@@ -9,6 +9,7 @@ import logging
 from prometheus_client import CollectorRegistry
 
 from rewardstream.infra.http_security import HttpSecurity
+from rewardstream.processors.core.difference import Rule
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.server import Peers, make_app, serve
 from rewardstream.processors.http.snapshot import SnapshotLimits
@@ -28,11 +29,12 @@ async def open_endpoint(
     http: tuple[str, int] | None,
     idle_timeout: float,
     advertise: str | None,
+    rule: Rule,
 ) -> str:
     """Serve the endpoints on ``http`` (host, port; default 127.0.0.1 on a free port: peers ask
     every processor for parts) until ``stack`` closes; returns the URL peers fetch parts from
-    (``advertise``, or the address bound)."""
-    app = make_app(pipeline, registry, peers, limits, security=security)
+    (``advertise``, or the address bound); the page compares runs by ``rule``."""
+    app = make_app(pipeline, registry, peers, limits, security=security, rule=rule)
     host, port = http or ("127.0.0.1", 0)
     runner, bound = await serve(app, host, port, idle_timeout, security=security)
     stack.push_async_callback(runner.cleanup)

@@ -11,6 +11,7 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -23,6 +24,7 @@ from rewardstream.contract.names import default_group
 from rewardstream.errors import InputError
 from rewardstream.infra.http_security import HttpSecurity
 from rewardstream.kafka.config import KafkaSecurity, start_client
+from rewardstream.processors.core.difference import Rule
 from rewardstream.processors.engine.pipeline import STALL_AFTER, Pipeline
 from rewardstream.processors.engine.runs import PartView
 from rewardstream.processors.http.server import IDLE_TIMEOUT
@@ -75,8 +77,13 @@ class StreamProcessor:
         snapshot_limits: SnapshotLimits | None = None,
         idle_timeout: float = IDLE_TIMEOUT,
         http_security: HttpSecurity | None = None,
+        compares: Sequence[tuple[str, str]] = (),
+        compare_rule: Rule | None = None,
     ) -> None:
+        """``compares``: (baseline, candidate) run ids whose comparison ``/metrics`` exports,
+        judged by ``compare_rule``, as the page's compare view is."""
         self.bootstrap = bootstrap
+        self.compare_rule = compare_rule or Rule()
         self.http_security = http_security or HttpSecurity()  # its endpoint's, and for peers
         if advertise is not None:
             self.http_security.check_advertised(advertise)
@@ -91,7 +98,11 @@ class StreamProcessor:
         self.advertise = advertise
         self.snapshot_limits, self.idle_timeout = snapshot_limits, idle_timeout
         self.metrics = Metrics(
-            lambda: self.pipeline.runs, lambda: self.consume.lag(), clock=time.monotonic
+            lambda: self.pipeline.runs,
+            lambda: self.consume.lag(),
+            clock=time.monotonic,
+            compares=compares,
+            rule=self.compare_rule,
         )
         self.pipeline = Pipeline(
             output_dir or self.state_dir / "finals",
@@ -186,6 +197,7 @@ class StreamProcessor:
                 http,
                 self.idle_timeout,
                 self.advertise,
+                self.compare_rule,
             )
             await ensure_topics(self.bootstrap, self.security, self.topics, "processor")
             stack.push_async_callback(self.peers.open().close)

@@ -15,6 +15,7 @@ import hashlib
 import http.client
 import logging
 import math
+import re
 import signal
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from rewardstream.commands import publish as publish_cli
-from rewardstream.contract.names import ProfilePaths, run_id_from
+from rewardstream.contract.names import RUN_ID, ProfilePaths, run_id_from
 from rewardstream.errors import InputError, ProfileError, RewardstreamError
 from rewardstream.infra import http_security
 from rewardstream.infra.command import (
@@ -207,6 +208,37 @@ def _noise_floor(text: str) -> float:
     return value
 
 
+def _run_pair(text: str) -> tuple[str, str]:
+    """``BASELINE:CANDIDATE``, two different run ids (a run id has no colon)."""
+    baseline, colon, candidate = text.partition(":")
+    ids = (baseline, candidate)
+    if not colon or baseline == candidate or not all(re.match(RUN_ID, r) for r in ids):
+        raise argparse.ArgumentTypeError(
+            f"expected BASELINE_RUN:CANDIDATE_RUN, two different run ids, got {text!r}"
+        )
+    return baseline, candidate
+
+
+def _add_rule(parser: argparse.ArgumentParser, prefix: str) -> None:
+    """``--[PREFIX]level`` and ``--[PREFIX]noise-floor``: what a comparison is judged by."""
+    parser.add_argument(
+        f"--{prefix}level",
+        type=_level,
+        default=0.95,
+        metavar="LEVEL",
+        help="the difference's level, in (0, 1); each run's interval is taken at 1 - (1 - "
+        "LEVEL) / 2 (0.95)",
+    )
+    parser.add_argument(
+        f"--{prefix}noise-floor",
+        type=_noise_floor,
+        default=0.01,
+        metavar="D",
+        help="better: the interval is above D; worse: below -D; no difference: within "
+        "[-D, D] (0.01)",
+    )
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -227,6 +259,7 @@ def _finite(text: str) -> float:
 def _cmd_stream(args: argparse.Namespace) -> int:
     from rewardstream.contract.events import Topics
     from rewardstream.kafka import config as kafka_config
+    from rewardstream.processors.core.difference import Rule
     from rewardstream.processors.http.snapshot import SnapshotLimits
     from rewardstream.processors.stream import StreamProcessor
 
@@ -251,6 +284,8 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         ),
         idle_timeout=args.http_idle_timeout,
         http_security=http_security.from_args(args),
+        compares=args.compare,
+        compare_rule=Rule(args.compare_level, args.compare_noise_floor),
     )
 
     async def main() -> None:
@@ -621,6 +656,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="close an HTTP connection idle for S seconds (30)",
     )
+    st.add_argument(
+        "--compare",
+        type=_run_pair,
+        action="append",
+        default=[],
+        metavar="BASELINE_RUN:CANDIDATE_RUN",
+        help="export the candidate-minus-baseline difference of mean reward per agent, its "
+        "anytime-valid interval and verdict on /metrics (rewardstream_compare_*); repeatable",
+    )
+    _add_rule(st, "compare-")
     kafka_options.add_arguments(st)
     http_security.add_server_arguments(st)
     st.set_defaults(func=_cmd_stream)
@@ -700,21 +745,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     co.add_argument("--baseline-run", required=True, metavar="RUN", help="the baseline run id")
     co.add_argument("--candidate-run", required=True, metavar="RUN", help="the candidate run id")
-    co.add_argument(
-        "--level",
-        type=_level,
-        default=0.95,
-        help="the difference's level, in (0, 1); each run's interval is taken at 1 - (1 - "
-        "LEVEL) / 2 (0.95)",
-    )
-    co.add_argument(
-        "--noise-floor",
-        type=_noise_floor,
-        default=0.01,
-        metavar="D",
-        help="better: the interval is above D; worse: below -D; no difference: within "
-        "[-D, D] (0.01)",
-    )
+    _add_rule(co, "")
     co.add_argument("--agent", metavar="NAME", help="only this agent (default: those in both)")
     co.add_argument(
         "--interval", type=_seconds, default=2.0, metavar="S", help="poll every S s (2)"

@@ -42,16 +42,10 @@ from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.infra.http_security import HttpSecurity
 from rewardstream.processors.core.compare import task_flips
 from rewardstream.processors.core.confseq import Tally
-from rewardstream.processors.core.difference import (
-    NO_DIFFERENCE,
-    difference,
-    run_level,
-    verdict,
-)
+from rewardstream.processors.core.difference import NO_DIFFERENCE, Rule, Side, compare_agents
 from rewardstream.processors.core.records import agent_of
 
 __all__ = [
-    "NO_INTERVAL",
     "Fetch",
     "TaskFlips",
     "compare_runs",
@@ -60,7 +54,6 @@ __all__ = [
     "task_rows",
 ]
 
-NO_INTERVAL = "no interval"
 _SHORT = {NO_DIFFERENCE: "no difference"}  # the table's word; its caption says the rest
 _COLUMNS = (
     Column("agent", 0),
@@ -197,22 +190,18 @@ def _run(url: str, run_id: str, role: str, security: HttpSecurity) -> dict[str, 
     return found
 
 
-def _side(run: dict[str, Any], agent: str, role: str) -> tuple[dict[str, Any], Tally | None, str]:
-    """An agent's rollouts and mean in one run, its tally, and why there is none."""
+def _side(run: dict[str, Any], agent: str) -> Side:
+    """An agent of one run's ``/runs/<id>`` JSON, its tally rebuilt from the interval's sums."""
     shown = run.get("agents", {}).get(agent) or {}
     reward = shown.get("reward") or {}
-    figures = {"rollouts": shown.get("rollouts", 0), "mean": reward.get("mean")}
     interval = reward.get("interval")
-    if not interval or not reward.get("count"):
-        return figures, None, f"no rollouts in the {role} yet"
-    if "sums" not in interval:
-        return figures, None, f"the {role}'s processor shows no sums (an older version)"
-    lo, hi = interval["range"]
-    n, total, spread = interval["sums"]
-    tally = Tally(lo, hi, n, total, spread, interval["outside"])
-    if tally.outside:
-        return figures, None, f"{tally.outside} reward(s) outside [{lo:g}, {hi:g}] in the {role}"
-    return figures, tally, ""
+    tally: Tally | None = Tally()
+    if interval and reward.get("count"):
+        tally = None  # an older processor's: no sums
+        if "sums" in interval:
+            (lo, hi), (n, total, spread) = interval["range"], interval["sums"]
+            tally = Tally(lo, hi, n, total, spread, interval["outside"])
+    return Side(shown.get("rollouts", 0), reward.get("mean"), tally)
 
 
 def compare_runs(
@@ -225,36 +214,15 @@ def compare_runs(
 ) -> dict[str, Any]:
     """The comparison of two runs' ``/runs/<id>`` JSON (what ``--json`` prints), with the task
     flips of ``flips``' rows."""
-    ours, theirs = set(baseline.get("agents", {})), set(candidate.get("agents", {}))
-    agents = [agent] if agent is not None else sorted(ours & theirs)
-    rows = []
-    for name in agents:
-        a, a_tally, a_why = _side(baseline, name, "baseline")
-        b, b_tally, b_why = _side(candidate, name, "candidate")
-        now = None if a_tally is None or b_tally is None else difference(a_tally, b_tally, level)
-        point = None if a["mean"] is None or b["mean"] is None else b["mean"] - a["mean"]
-        rows.append(
-            {
-                "agent": name,
-                "baseline": a,
-                "candidate": b,
-                "difference": point,
-                "lower": None if now is None else now.lower,
-                "upper": None if now is None else now.upper,
-                "verdict": NO_INTERVAL if now is None else verdict(now, noise_floor),
-                "reason": "; ".join(w for w in (a_why, b_why) if w) or None,
-                "flips": None if flips is None else flips.of(name),
-            }
-        )
-    return {
-        "level": level,
-        "run_level": run_level(level),
-        "noise_floor": noise_floor,
+    a, b = (
+        {name: _side(run, name) for name in run.get("agents", {})} for run in (baseline, candidate)
+    )
+    comparison = compare_agents(a, b, Rule(level, noise_floor), agent)
+    for row in comparison["agents"]:
+        row["flips"] = None if flips is None else flips.of(row["agent"])
+    return comparison | {
         "baseline": {k: baseline.get(k) for k in ("run_id", "state", "rollouts")},
         "candidate": {k: candidate.get(k) for k in ("run_id", "state", "rollouts")},
-        "agents": rows,
-        "only_in_baseline": sorted(ours - theirs) if agent is None else [],
-        "only_in_candidate": sorted(theirs - ours) if agent is None else [],
         "flips": None if flips is None else flips.view(),
     }
 

@@ -1,5 +1,6 @@
 // rewardstream's live page: one EventSource (/events?run=ID) pushes the runs' summaries, the
 // selected run's whole-run figures and its new history points; this script only draws them.
+// /?compare=A,B shows run B against run A instead (/events?compare=A,B pushes the comparison).
 "use strict";
 
 const COLORS = ["#2f6fdb", "#e0672b", "#1f9d45", "#a23fc4", "#c83030", "#198a8a", "#8a6d1f", "#555"];
@@ -12,6 +13,13 @@ let timeline = [];     // the selected run's history points, oldest first
 let charts = {};       // uPlot instances by name
 let chartKey = "";     // the agents (and ks) the charts were built for
 let kRange = [1, 2];   // pass@k's x axis: from the smallest k to the largest
+let ticked = [];       // runs ticked to compare, the baseline first
+
+// [baseline, candidate] of /?compare=A,B (run ids have no comma), or null
+const pair = (() => {
+  const ids = (new URLSearchParams(location.search).get("compare") || "").split(",");
+  return ids.length === 2 && ids[0] && ids[1] ? ids : null;
+})();
 
 function fmt(value, digits = 4) {
   return value === null || value === undefined ? "-" : Number(value).toFixed(digits);
@@ -46,6 +54,12 @@ function renderRuns(runs) {
     const row = body.insertRow();
     row.dataset.run = run.run_id;
     if (run.run_id === selected) row.classList.add("selected");
+    const tick = document.createElement("input");
+    tick.type = "checkbox";
+    tick.checked = ticked.includes(run.run_id);
+    tick.setAttribute("aria-label", "compare " + run.run_id);
+    tick.addEventListener("click", (event) => { event.stopPropagation(); toggle(run.run_id); });
+    cell(row, "", "tick", undefined, false).append(tick);
     cell(row, run.run_id, "run_id", undefined, false);
     const state = cell(row, "", "state", run.state, false);
     const badge = document.createElement("span");
@@ -64,8 +78,151 @@ function renderRuns(runs) {
     cell(row, duration(run.eta_seconds), "eta", run.eta_seconds);
     cell(row, failed(run.failed_attempts, run.failure_rate), "failed", run.failed_attempts);
     cell(row, run.duplicates_dropped, "duplicates", run.duplicates_dropped);
-    row.addEventListener("click", () => choose(run.run_id, true));
+    row.addEventListener("click", () => {
+      if (pair) location.href = "/runs/" + encodeURIComponent(run.run_id);  // leave the comparison
+      else choose(run.run_id, true);
+    });
   }
+}
+
+// The first run ticked is the baseline, the second the candidate; a third replaces the second.
+function toggle(runId) {
+  ticked = ticked.includes(runId) ? ticked.filter((r) => r !== runId)
+    : [...ticked.slice(0, 1), runId];
+  $("#compare-button").disabled = ticked.length !== 2;
+  for (const box of document.querySelectorAll("#runs tbody tr")) {
+    box.querySelector("input").checked = ticked.includes(box.dataset.run);
+  }
+}
+
+function unknownRuns(ids, runs) {
+  const unknown = $("#unknown-run");
+  unknown.hidden = !ids.length;
+  unknown.textContent = ids.map((id) => `This processor knows no run "${id}"`).join("; ") +
+    (runs.length ? ": the runs it knows are listed above." : ".");
+}
+
+const VERDICT = { better: "better", worse: "worse", undecided: "undecided",
+  "no difference larger than the noise floor": "same", "no interval": "none" };
+const pct = (n) => `${(100 * n).toFixed(1)}%`;
+const signed = (v, digits = 3) => v === null ? "-" : (v >= 0 ? "+" : "") + v.toFixed(digits);
+const span = (lo, hi, signs = false) => lo === null ? "-"
+  : signs ? `${signed(lo)} ${signed(hi)}` : `${fmt(lo)} - ${fmt(hi)}`;
+
+function badge(verdict) {
+  const b = document.createElement("span");
+  b.className = "verdict " + VERDICT[verdict];
+  b.textContent = verdict;
+  return b;
+}
+
+// One row of a plot: a band from lower to upper and a dot at the value, on [lo, hi].
+function track(what, value, lower, upper, scale, color, marks = []) {
+  const row = document.createElement("div");
+  row.className = "track-row";
+  row.innerHTML = `<span class="what"></span><div class="track"></div>`;
+  row.querySelector(".what").textContent = what;
+  const box = row.querySelector(".track");
+  const at = (x) => Math.min(1, Math.max(0, (x - scale[0]) / (scale[1] - scale[0])));
+  for (const mark of marks) box.append(mark(at));
+  if (lower !== null) {
+    const band = document.createElement("div");
+    band.className = "band";
+    band.style.left = pct(at(lower));
+    band.style.width = pct(at(upper) - at(lower));
+    band.style.background = color;
+    box.append(band);
+  }
+  if (value !== null) {
+    const dot = document.createElement("div");
+    dot.className = "dot";
+    dot.style.left = pct(at(value));
+    dot.style.background = color;
+    box.append(dot);
+  }
+  return row;
+}
+
+function scaleRow(scale, signs) {
+  const row = document.createElement("div");
+  row.className = "track-row";
+  row.innerHTML = "<span class=\"value\"><span></span><span></span></span>";
+  const [lo, hi] = row.querySelectorAll(".value span");
+  lo.textContent = signs ? signed(scale[0]) : scale[0].toFixed(3);
+  hi.textContent = signs ? signed(scale[1]) : scale[1].toFixed(3);
+  return row;
+}
+
+function plot(row, c) {
+  const figure = document.createElement("figure");
+  figure.className = "pair";
+  figure.dataset.agent = row.agent;
+  const caption = document.createElement("figcaption");
+  caption.append(row.agent, badge(row.verdict));
+  figure.append(caption);
+  const a = row.baseline, b = row.candidate, d = c.noise_floor;
+  const ends = [a.lower, a.upper, b.lower, b.upper, a.mean, b.mean].filter((v) => v !== null);
+  if (!ends.length) return figure;
+  const lo = Math.min(...ends), hi = Math.max(...ends), room = Math.max(hi - lo, 0.01) * 0.1;
+  const means = [lo - room, hi + room];
+  figure.append(track("A", a.mean, a.lower, a.upper, means, COLORS[0]),
+    track("B", b.mean, b.lower, b.upper, means, COLORS[1]), scaleRow(means, false));
+  const far = Math.max(...[row.lower, row.upper, row.difference, 2 * d]
+    .filter((v) => v !== null).map(Math.abs), 0.01) * 1.1;
+  const diff = [-far, far];
+  const floor = (at) => Object.assign(document.createElement("div"), { className: "floor",
+    style: `left:${pct(at(-d))};width:${pct(at(d) - at(-d))}` });
+  const zero = (at) => Object.assign(document.createElement("div"), { className: "zero",
+    style: `left:${pct(at(0))}` });
+  figure.append(track("B - A", row.difference, row.lower, row.upper, diff, COLORS[2],
+    [floor, zero]), scaleRow(diff, true));
+  return figure;
+}
+
+function renderCompare(c, runs) {
+  unknownRuns(c.unknown, runs);
+  $("#compare").hidden = c.unknown.length > 0;
+  if (c.unknown.length) return;
+  const [a, b] = [c.baseline, c.candidate];
+  $("#compare-title").textContent = `${b.run_id} against ${a.run_id}`;
+  $("#compare-runs").textContent = `A (baseline): ${a.run_id}, ${a.state}, ${a.rollouts} ` +
+    `rollouts - B (candidate): ${b.run_id}, ${b.state}, ${b.rollouts} rollouts`;
+  const percent = (x) => Number((100 * x).toFixed(4));  // 97.5, not 97.50000000000001
+  const level = percent(c.level), each = percent(c.run_level), d = c.noise_floor;
+  $("#compare-rule").textContent = `B - A is the candidate's mean reward minus the ` +
+    `baseline's, per agent, with an anytime-valid ${level}% interval: valid however often you ` +
+    `look, whatever the runs' numbers of rollouts. Each run's band is its own interval at ` +
+    `${each}%, and the difference's is [lower B - upper A, upper B - lower A]. The verdict: ` +
+    `better when the interval is above +${d} (the noise floor), worse when it is below -${d}, ` +
+    `no difference larger than the noise floor when it lies within [-${d}, +${d}], otherwise ` +
+    `undecided; a wrong "better" or "worse" at any moment has a probability of at most ` +
+    `${percent((1 - c.level) / 2)}%, per agent.`;
+  for (const th of document.querySelectorAll("[data-run-level]")) {
+    th.textContent = `${th.dataset.runLevel} ${each}% interval`;
+  }
+  $("#compare-level").textContent = `${level}% interval`;
+  const body = $("#compare-agents tbody");
+  body.replaceChildren();
+  for (const r of c.agents) {
+    const row = body.insertRow();
+    row.dataset.agent = r.agent;
+    row.title = r.reason || "";
+    cell(row, r.agent, "agent", undefined, false);
+    for (const [side, s] of [["a", r.baseline], ["b", r.candidate]]) {
+      cell(row, s.rollouts, side + "_rollouts", s.rollouts);
+      cell(row, fmt(s.mean), side + "_mean", s.mean);
+      cell(row, span(s.lower, s.upper), side + "_lower", s.lower).dataset.upper = s.upper;
+    }
+    cell(row, signed(r.difference), "difference", r.difference);
+    cell(row, span(r.lower, r.upper, true), "lower", r.lower).dataset.upper = r.upper;
+    cell(row, "", "verdict", r.verdict, false).append(badge(r.verdict));
+  }
+  const notes = c.agents.filter((r) => r.reason).map((r) => `${r.agent}: ${r.reason}`);
+  for (const role of ["baseline", "candidate"]) {
+    if (c["only_in_" + role].length) notes.push(`only in the ${role}: ${c["only_in_" + role].join(", ")}`);
+  }
+  $("#compare-only").textContent = notes.join("; ");
+  $("#compare-plots").replaceChildren(...c.agents.map((r) => plot(r, c)));
 }
 
 function renderRun(run) {
@@ -253,13 +410,26 @@ function pick(runs) {
   return run ? run.run_id : null;
 }
 
+function live() {
+  const status = $("#status");
+  status.className = "status live";
+  status.textContent = "live, updated " + new Date().toLocaleTimeString();
+}
+
 function connect() {
   if (source) source.close();
-  const query = selected ? "?run=" + encodeURIComponent(selected) : "";
+  const query = pair ? "?compare=" + pair.map(encodeURIComponent).join(",")
+    : selected ? "?run=" + encodeURIComponent(selected) : "";
   source = new EventSource("/events" + query);
   timeline = [];
   source.onmessage = (event) => {
     const data = JSON.parse(event.data);
+    if (pair) {
+      renderRuns(data.runs);
+      renderCompare(data.compare, data.runs);
+      live();
+      return;
+    }
     const wanted = pick(data.runs);
     if (wanted !== selected) { choose(wanted, pinned); return; }  // "live" once it is drawn
     const last = timeline.length ? timeline[timeline.length - 1].at : -Infinity;
@@ -267,13 +437,9 @@ function connect() {
     renderRuns(data.runs);
     if (data.run) renderRun(data.run);
     else $("#run").hidden = true;
-    const unknown = $("#unknown-run");
-    unknown.hidden = !(pinned && selected && !data.runs.some((r) => r.run_id === selected));
-    unknown.textContent = `This processor knows no run "${selected}"` +
-      (data.runs.length ? ": the runs it knows are listed above." : ".");
-    const status = $("#status");
-    status.className = "status live";
-    status.textContent = "live, updated " + new Date().toLocaleTimeString();
+    const unknown = pinned && selected && !data.runs.some((r) => r.run_id === selected);
+    unknownRuns(unknown ? [selected] : [], data.runs);
+    live();
   };
   source.onerror = () => {
     const status = $("#status");
@@ -293,6 +459,10 @@ function choose(runId, byUser) {
   connect();
 }
 
+$("#compare-button").addEventListener("click", () => {
+  location.href = "/?compare=" + ticked.map(encodeURIComponent).join(",");
+});
 const match = location.pathname.match(/^\/runs\/([^/]+)$/);
-if (match) choose(decodeURIComponent(match[1]), true);
+if (pair) { ticked = [...pair]; $("#compare-button").disabled = false; connect(); }
+else if (match) choose(decodeURIComponent(match[1]), true);
 else choose(null, false);
