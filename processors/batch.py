@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from rewardstream.errors import InputError, InvalidRow, LineError
 from rewardstream.infra.forking import fork
 from rewardstream.infra.jsonl import check_input_file, count_lines, iter_jsonl, split_ranges
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.profile import Profile, TaskRows, build_profile
 from rewardstream.processors.core.records import ResultRecord, extract_result
 from rewardstream.processors.core.state import ProfileState, row_key
@@ -42,8 +43,8 @@ __all__ = ["ProfileConfig", "load_state", "print_summary", "run_profile"]
 
 class ProfileConfig(BaseModel):
     """NeMo Gym's config keys for ``gym eval profile``, plus ``quiet`` for the progress bar and
-    rewardstream's ``aggregate_metrics`` (pass@k and friends, task difficulty) with the
-    ``answer_key`` that majority@k votes on."""
+    rewardstream's ``aggregate_metrics`` (pass@k and friends, task difficulty, intervals) with
+    the ``answer_key`` that majority@k votes on and the intervals' ``interval_level``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -53,11 +54,13 @@ class ProfileConfig(BaseModel):
     quiet: bool = False
     aggregate_metrics: bool = False
     answer_key: str | None = None
+    interval_level: float | None = Field(default=None, gt=0, lt=1)  # default DEFAULT_LEVEL
 
     @model_validator(mode="after")
-    def _answer_key_needs_aggregates(self) -> ProfileConfig:
-        if self.answer_key is not None and not self.aggregate_metrics:
-            raise ValueError("+answer_key applies with +aggregate_metrics=true")
+    def _extras_need_aggregates(self) -> ProfileConfig:
+        for key in ("answer_key", "interval_level"):
+            if getattr(self, key) is not None and not self.aggregate_metrics:
+                raise ValueError(f"+{key} applies with +aggregate_metrics=true")
         return self
 
 
@@ -220,7 +223,10 @@ def run_profile(config: ProfileConfig) -> tuple[Profile, ProfilePaths]:
     )
     profile = build_profile(state, config.allow_partial_rollouts)
     paths = ProfilePaths.next_to(config.rollouts_jsonl_fpath)
-    aggregates = Aggregates(config.answer_key is not None) if config.aggregate_metrics else None
+    aggregates = None
+    if config.aggregate_metrics:
+        level = DEFAULT_LEVEL if config.interval_level is None else config.interval_level
+        aggregates = Aggregates(config.answer_key is not None, level)
     inputs = config.materialized_inputs_jsonl_fpath
     lines = _rendered(profile.task_rows, inputs, meanwhile=lambda: profile.agent_metrics)
     write_profile(profile, paths, lines, aggregates)

@@ -126,7 +126,7 @@ def aggregate_files(
             [orjson.dumps(profile.aggregate_metrics(aggregates.answers), option=indent)],
         ),
         (paths.task_difficulty, [orjson.dumps(profile.task_difficulty(), option=indent)]),
-        (paths.intervals, [orjson.dumps(profile.intervals(), option=indent)]),
+        (paths.intervals, [orjson.dumps(profile.intervals(aggregates.level), option=indent)]),
     ]
 
 

@@ -28,6 +28,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from rewardstream.contract.events import REJECT_REASONS, RejectReason, Rollout
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.difference import (
     BETTER,
     NO_DIFFERENCE,
@@ -70,9 +71,10 @@ class _LiveCollector(Collector):
         clock: Callable[[], float],
         compares: Sequence[tuple[str, str]],
         rule: Rule,
+        level: float,
     ) -> None:
         self._runs, self._lag, self._folded, self._clock = runs, lag, folded, clock
-        self._compares, self._rule = compares, rule
+        self._compares, self._rule, self._level = compares, rule, level
 
     def collect(self) -> Iterator[Metric]:
         yield from self._folded()
@@ -167,7 +169,7 @@ class _LiveCollector(Collector):
                         ("max", reward.max),
                     ):
                         stats[name].add_metric([run_id, agent], value)
-                interval = live.interval()
+                interval = live.interval(self._level)
                 if interval["lower"] is not None:
                     level = repr(interval["level"])
                     for side in ("lower", "upper"):
@@ -342,10 +344,11 @@ class Metrics:
         clock: Callable[[], float] = time.monotonic,
         compares: Sequence[tuple[str, str]] = (),
         rule: Rule | None = None,
+        level: float = DEFAULT_LEVEL,
     ) -> None:
         """``clock``: the engine's (:attr:`rewardstream.processors.engine.pipeline.Pipeline.clock`),
         which times the runs' last events; ``compares``: (baseline, candidate) run ids whose
-        comparison is exported, judged by ``rule``."""
+        comparison is exported, judged by ``rule``; ``level``: the mean reward intervals'."""
         self.registry = registry or CollectorRegistry()
         self.duplicates = Counter(
             "rewardstream_duplicates_dropped",
@@ -367,7 +370,7 @@ class Metrics:
         self._consumed: dict[str, int] = {}  # rollouts by agent, folded
         self._agents: collections.Counter[str | None] = collections.Counter()  # since last fold
         self._latencies: list[float] = []
-        live = _LiveCollector(runs, lag, self._families, clock, compares, rule or Rule())
+        live = _LiveCollector(runs, lag, self._families, clock, compares, rule or Rule(), level)
         self.registry.register(live)
 
     def duplicate(self, kind: EventKind, n: int = 1) -> None:

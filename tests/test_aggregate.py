@@ -103,13 +103,54 @@ def test_without_the_flag_nothing_changes(tmp_path: Path) -> None:
     assert not (tmp_path / "r_intervals.json").exists()
 
 
-def test_answer_key_alone_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["+answer_key=extracted_answer"], "+answer_key applies with +aggregate_metrics=true"),
+        (["+interval_level=0.9"], "+interval_level applies with +aggregate_metrics=true"),
+        (
+            ["+aggregate_metrics=true", "+interval_level=1"],
+            "invalid configuration 'interval_level': input should be less than 1, got 1",
+        ),
+        (
+            ["+aggregate_metrics=true", "+interval_level=95%"],
+            "invalid configuration 'interval_level': expected a number, got '95%'",
+        ),
+    ],
+)
+def test_extras_alone_or_a_bad_level_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], given: list[str], said: str
+) -> None:
     inputs, rollouts = write_collection(tmp_path, seed=1)
     argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
-    assert ng_reward_profile([*argv, "+answer_key=extracted_answer"]) == 2
-    err = capsys.readouterr().err
-    assert err == "ng_reward_profile: error: +answer_key applies with +aggregate_metrics=true\n"
+    assert ng_reward_profile([*argv, *given]) == 2
+    assert capsys.readouterr().err == f"ng_reward_profile: error: {said}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "r_materialized_inputs.jsonl"]
+
+
+def test_profiles_interval_level_is_the_override(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rewardstream profile --interval-level`` writes what ``+interval_level`` does; a level
+    outside (0, 1) is one line, exit 2."""
+    inputs, rollouts = write_collection(tmp_path, seed=3)
+    files = ["--inputs", str(inputs), "--rollouts", str(rollouts), "--quiet", "--aggregate-metrics"]
+    files += ["--allow-partial-rollouts"]
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", *files, "--interval-level", "1.5"])
+    assert exc.value.code == 2
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert said == (
+        "rewardstream profile: error: argument --interval-level: expected a level in (0, 1), "
+        "e.g. 0.95, got '1.5'"
+    )
+    assert main(["profile", *files, "--interval-level", "0.8"]) == 0
+    flag = (tmp_path / "r_intervals.json").read_bytes()
+    argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
+    more = ["++allow_partial_rollouts=True", "+quiet=true", "+aggregate_metrics=true"]
+    assert ng_reward_profile([*argv, *more, "+interval_level=0.8"]) == 0
+    assert (tmp_path / "r_intervals.json").read_bytes() == flag
+    assert orjson.loads(flag)["level"] == 0.8
 
 
 def test_the_golden_asr_keys_of_the_pass_at_k_hook(tmp_path: Path) -> None:
@@ -379,10 +420,12 @@ def test_curate_names_a_file_that_is_no_profile(
     assert "Input file not found" in capsys.readouterr().err
 
 
-def test_intervals(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("level", "given"), [(0.95, []), (0.9, ["+interval_level=0.9"])])
+def test_intervals(tmp_path: Path, level: float, given: list[str]) -> None:
     """``_intervals.json``: per agent the mean reward's sequence over its rollouts in (task,
     rollout) order, whatever order the file has; per task the pass rate's for 0/1 tasks, the
-    empirical-Bernstein one else; none where a reward is outside [0, 1]."""
+    empirical-Bernstein one else; none where a reward is outside [0, 1]; at 0.95, or at
+    ``+interval_level``."""
     rewards: dict[int, tuple[str, list[float]]] = {
         0: ("a", [1, 1, 1, 1]),
         1: ("a", [0, 1, 0, 1]),
@@ -401,19 +444,19 @@ def test_intervals(tmp_path: Path) -> None:
     inputs.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     rollouts.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in results))
     argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
-    assert ng_reward_profile([*argv, "+quiet=true", "+aggregate_metrics=true"]) == 0
+    assert ng_reward_profile([*argv, "+quiet=true", "+aggregate_metrics=true", *given]) == 0
     got = orjson.loads((tmp_path / "d_intervals.json").read_bytes())
-    assert got["level"] == 0.95 and [a["agent_ref"]["name"] for a in got["agents"]] == ["a", "b"]
+    assert got["level"] == level and [a["agent_ref"]["name"] for a in got["agents"]] == ["a", "b"]
     a, b = got["agents"]
     in_order = Tally()
     in_order.add_many(np.array([v for t in (0, 1, 2) for v in rewards[t][1]], dtype=float))
     assert a["rollouts"] == 11 and a["mean_reward"] == {
-        "lower": in_order.interval().lower,  # type: ignore[union-attr]
-        "upper": in_order.interval().upper,  # type: ignore[union-attr]
+        "lower": in_order.interval(level).lower,  # type: ignore[union-attr]
+        "upper": in_order.interval(level).upper,  # type: ignore[union-attr]
         "range": [0.0, 1.0],
         "outside": 0,
     }
-    lower, upper = bernoulli_interval(np.array([4, 2]), np.array([4, 4]), 1 - 0.95)
+    lower, upper = bernoulli_interval(np.array([4, 2]), np.array([4, 4]), 1 - level)
     task2 = Tally()
     task2.add_many(np.array(rewards[2][1]))
     assert a["tasks"] == [
@@ -423,8 +466,8 @@ def test_intervals(tmp_path: Path) -> None:
             "_ng_task_index": 2,
             "rollouts": 3,
             # vectorized over tasks: numpy's SIMD log may differ in the last bit
-            "lower": pytest.approx(task2.interval().lower, rel=1e-14),  # type: ignore[union-attr]
-            "upper": pytest.approx(task2.interval().upper, rel=1e-14),  # type: ignore[union-attr]
+            "lower": pytest.approx(task2.interval(level).lower, rel=1e-14),  # type: ignore[union-attr]
+            "upper": pytest.approx(task2.interval(level).upper, rel=1e-14),  # type: ignore[union-attr]
         },
     ]
     assert b["mean_reward"]["outside"] == 1 and b["mean_reward"]["lower"] is None

@@ -105,7 +105,7 @@ def test_reward_by_output_tokens_is_read_from_the_results(tmp_path: Path) -> Non
             assert got.keys() == bins.keys() and len(bins) > 1
             for bin_, (n, total) in bins.items():
                 assert got[bin_][0] == n and math.isclose(got[bin_][1], total, rel_tol=1e-12)
-            shown = whole[agent].view()["reward_by_output_tokens"]
+            shown = whole[agent].view(0.95)["reward_by_output_tokens"]
             assert sum(b["rollouts"] for b in shown) == whole[agent].rollouts
 
 
@@ -148,7 +148,7 @@ def test_the_mean_interval_is_the_sequence_over_the_rollouts_as_they_came(
             assert (got.n, got.outside) == (tally.n, 0)
             assert math.isclose(got.total, tally.total, rel_tol=1e-12)
             assert math.isclose(got.spread, tally.spread, rel_tol=1e-9)
-            reward = whole[agent].view()["reward"]
+            reward = whole[agent].view(0.95)["reward"]
             interval = reward["interval"]
             assert interval["level"] == 0.95 and interval["range"] == [0.0, 1.0]
             assert interval["lower"] < reward["mean"] < interval["upper"]
@@ -157,9 +157,9 @@ def test_the_mean_interval_is_the_sequence_over_the_rollouts_as_they_came(
 def test_a_reward_outside_the_range_withdraws_the_interval(tmp_path: Path) -> None:
     live = AgentLive(tally=Tally())
     live.tally.add_many(np.array([0.0, 1.0, 0.5]))
-    assert live.interval()["lower"] is not None
+    assert live.interval(0.95)["lower"] is not None
     live.tally.add(2.5)
-    assert live.interval() | {"range": None} == {
+    assert live.interval(0.95) | {"range": None} == {
         "level": 0.95,
         "range": None,
         "lower": None,
@@ -174,7 +174,7 @@ def test_the_sums_rebuild_the_interval_at_any_level() -> None:
     gives the view's interval, and one at another level (what ``rewardstream compare`` does)."""
     live = AgentLive(tally=Tally(lo=-1.0, hi=2.0))
     live.tally.add_many(np.array([0.0, 1.5, 0.5, -1.0, 2.0, 0.25]))
-    shown = orjson.loads(orjson.dumps(live.interval()))
+    shown = orjson.loads(orjson.dumps(live.interval(0.95)))
     (lo, hi), (n, total, spread) = shown["range"], shown["sums"]
     rebuilt = Tally(lo, hi, n, total, spread, shown["outside"])
     assert rebuilt == live.tally
@@ -187,7 +187,7 @@ def test_an_older_processors_summary_has_no_interval_sums() -> None:
     raw = AgentLive(rollouts=3).to_wire().model_dump()
     del raw["tally"]
     read = AgentLive.from_wire(AgentProgress.model_validate(raw))
-    assert read.tally == Tally() and read.interval()["lower"] is None
+    assert read.tally == Tally() and read.interval(0.95)["lower"] is None
 
 
 def test_figures_are_computed_again_at_most_every_few_seconds(tmp_path: Path) -> None:
@@ -339,7 +339,7 @@ def test_a_final_runs_metrics_are_its_final_records_whatever_parts_are_held(
             return metrics.registry.get_sample_value(name, {"run_id": "r", **labels})
 
         final = {a: live.reward for a, live in run.terminal.agents.items()}
-        intervals = {a: live.interval() for a, live in run.terminal.agents.items()}
+        intervals = {a: live.interval(0.95) for a, live in run.terminal.agents.items()}
         for name in ("input-1", "rollout-1", "input-2", "rollout-2"):
             pipeline.release(name)  # lost in a rebalance: a quarter of the run is left here
         assert 0 < run.local_rollouts < run.rollouts

@@ -21,8 +21,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rewardstream.commands.cli import main as cli_main
+from rewardstream.commands.cli import ng_reward_profile
 from rewardstream.contract.events import Rollout, Topics
 from rewardstream.kafka.local import free_port
+from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.difference import Rule
 from rewardstream.processors.core.records import ResultRecord
 from rewardstream.processors.engine.pipeline import Pipeline
@@ -30,7 +32,7 @@ from rewardstream.processors.http.server import make_app, serve
 from rewardstream.producers.events import input_events, rollout_events
 from rewardstream.sinks.metrics import Metrics
 from tests.golden import GOLDEN, file_events, generated_collection, golden_cases, golden_events
-from tests.processes import Processor, make_topics, send_events
+from tests.processes import Processor, make_topics, run_detail, send_events
 from tests.test_live_compare import LONG, RUNS
 from tests.test_live_compare import _collection as collection
 from tests.test_poison import metrics as scraped
@@ -339,3 +341,42 @@ def test_every_processor_exports_the_whole_runs_comparison(
             break
         assert time.monotonic() < deadline, (shown, want)
         time.sleep(0.3)
+
+
+@pytest.mark.kafka
+def test_a_processor_shows_and_writes_its_intervals_at_its_level(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """``rewardstream stream --level 0.9``: each agent's interval on ``/runs/<id>`` is at 0.9,
+    the sequence of the sums it shows; ``/metrics`` exports it with ``level="0.9"``; the
+    final's ``_intervals.json`` is the batch command's with ``+interval_level=0.9``."""
+    prefix = unique_name("level")
+    topics = Topics.for_prefix(prefix)
+    asyncio.run(make_topics(kafka_bootstrap, topics, 2))
+    out = tmp_path / "out"
+    extra = ["--level", "0.9", "--aggregate-metrics"]
+    p = Processor(kafka_bootstrap, prefix, out, tmp_path / "p.log", extra=extra)
+    processors.append(p)
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=60, repeats=4, seed=5)
+    send_events(kafka_bootstrap, topics, file_events(inputs, rollouts, "lv", "r", True), "lv")
+    p.wait(lambda runs: runs.get("lv", {}).get("state") == "final")
+    detail, shown = run_detail(p.url, "lv"), scraped(p.url)
+    assert len(detail["agents"]) == 3
+    for agent, figures in detail["agents"].items():
+        interval = figures["reward"]["interval"]
+        (lo, hi), (n, total, spread) = interval["range"], interval["sums"]
+        now = Tally(lo, hi, n, total, spread, interval["outside"]).interval(0.9)
+        assert now is not None and interval["level"] == 0.9
+        assert (interval["lower"], interval["upper"]) == (now.lower, now.upper)
+        for side in ("lower", "upper"):
+            labels = (("agent", agent), ("level", "0.9"), ("run_id", "lv"))
+            assert shown[(f"rewardstream_reward_mean_{side}", labels)] == interval[side]
+    argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
+    more = ["+quiet=true", "+aggregate_metrics=true", "+interval_level=0.9"]
+    assert ng_reward_profile([*argv, *more]) == 0
+    written = (out / "lv" / "r_intervals.json").read_bytes()
+    assert written == (tmp_path / "data" / "r_intervals.json").read_bytes()
+    assert orjson.loads(written)["level"] == 0.9

@@ -1,7 +1,8 @@
 """The live page reads right at any size and any age of a run: in Debian's headless Chromium at
 1400x1000, 1024x768 and a phone's width, for runs of 1, 10 and 1,000 history points and of 1
 and 5 agents, every chart's axis labels are distinct, fit the room the axis has, a time axis
-spans the run (not years), and the pass@k axis ends at the largest k.
+spans the run (not years), and the pass@k axis ends at the largest k; the interval's column and
+band say the processor's level.
 
 The processor's own HTTP face serves the page (``add_page`` over a real ``Pipeline`` fed in
 process); only the run's history points are planted, since 1,000 of them take an hour to sample.
@@ -30,8 +31,9 @@ from rewardstream.contract.events import RunStarted, encode
 from rewardstream.processors.engine.live import History
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.page import HISTORY_EVERY, LiveView, add_page
+from rewardstream.processors.http.server import make_app
 from rewardstream.producers.events import input_events, rollout_events
-from tests.processes import serving
+from tests.processes import run_detail, serving
 
 DOCS = Path(__file__).parent.parent / "docs"
 SIZES = {"desktop": (1400, 1000), "laptop": (1024, 768), "phone": (390, 844)}
@@ -244,3 +246,43 @@ def test_an_unknown_run_is_said_so(served: str, browser: webdriver.Chrome) -> No
         assert time.monotonic() < deadline, said
         time.sleep(0.2)
     assert said[1].startswith('This processor knows no run "nope"') and said[2] is True, said
+
+
+def test_the_interval_column_and_band_say_the_processors_level(
+    tmp_path: Path, browser: webdriver.Chrome
+) -> None:
+    """A processor at ``--level 0.9`` (its HTTP face on loopback): the agents' table heads its
+    interval column "90% interval" with each agent's ``/runs/<id>`` interval at 0.9, and the
+    mean chart's caption says its band is that interval."""
+    inputs, rollouts = collection(tmp_path / "data", 2)
+    pipeline = Pipeline(tmp_path / "state", level=0.9)
+    try:
+        for event in [*input_events(inputs, RUN), *rollout_events(rollouts, RUN)]:
+            pipeline.handle(event.kind, event.value)
+        with serving(make_app(pipeline, None)) as url:
+            browser.set_window_size(*SIZES["laptop"])
+            browser.get(f"{url}/runs/{RUN}")
+            detail = run_detail(url, RUN)
+            deadline = time.monotonic() + 30
+            while True:
+                got = browser.execute_script(LEVEL_SHOWN)
+                if len(got["lower"]) == len(detail["agents"]):
+                    break
+                assert time.monotonic() < deadline, got
+                time.sleep(0.2)
+    finally:
+        pipeline.close()
+    assert got["head"] == "90% interval"
+    assert got["caption"] == "Mean reward over time, its 90% interval as a band"
+    for agent, figures in detail["agents"].items():
+        interval = figures["reward"]["interval"]
+        assert interval["level"] == 0.9
+        assert float(got["lower"][agent]) == interval["lower"]
+
+
+LEVEL_SHOWN = """
+  const lower = Object.fromEntries([...document.querySelectorAll('#agents tbody tr')].map(
+    (tr) => [tr.dataset.agent, tr.querySelector('[data-field=interval]').dataset.value]));
+  return {lower, head: document.querySelector('#agents-level').textContent,
+          caption: document.querySelector('#mean-caption').textContent};
+"""

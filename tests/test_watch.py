@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from rewardstream.contract.events import Topics
+from rewardstream.processors.core.confseq import Tally
 from tests.golden import file_events, generated_collection
 from tests.processes import Processor, make_topics, run_detail, send_events, trickle
 
@@ -185,6 +186,49 @@ def test_watch_shows_a_stalled_run_and_its_return(
         assert (row[4], row[5]) == ("0", "-"), row  # rate 0, no ETA
         with trickle(kafka_bootstrap, topics, data[50:], "s"):  # events resume
             until("open", time.monotonic() + 30)
+
+
+def test_watch_shows_the_interval_at_its_own_level(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+) -> None:
+    """``watch --level`` rebuilds each agent's interval from the sums ``/runs/<id>`` shows, at
+    its own level whatever the processor's (``--level 0.9`` here), and its header says which;
+    a level outside (0, 1) is refused, exit 2."""
+    inputs, rollouts = generated_collection(tmp_path / "data", tasks=50, repeats=4, seed=13)
+    p, topics = _processor(kafka_bootstrap, unique_name, tmp_path, processors, ("--level", "0.9"))
+    send_events(kafka_bootstrap, topics, file_events(inputs, rollouts, "l", "r", True), "l")
+    p.wait(lambda runs: runs.get("l", {}).get("state") == "final")  # its figures hold still
+    agents = run_detail(p.url, "l")["agents"]
+    for level, given in ((0.99, ["--level", "0.99"]), (0.95, [])):
+        once = subprocess.run(
+            [*CLI, "watch", "--url", p.url, "--run-id", "l", "--once", *given],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert once.returncode == 0, once.stderr
+        assert f"{100 * level:g}% interval" in once.stdout, once.stdout
+        for name, agent in agents.items():
+            interval = agent["reward"]["interval"]
+            assert interval["level"] == 0.9
+            (lo, hi), (n, total, spread) = interval["range"], interval["sums"]
+            now = Tally(lo, hi, n, total, spread, interval["outside"]).interval(level)
+            assert now is not None
+            row = next(line for line in once.stdout.splitlines() if name in line)
+            assert f"{now.lower:.4f}-{now.upper:.4f}" in row, once.stdout
+    bad = subprocess.run(
+        [*CLI, "watch", "--url", p.url, "--once", "--level", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == (
+        "rewardstream watch: error: argument --level: expected a level in (0, 1), e.g. 0.95, "
+        "got '1'"
+    ), bad.stderr
 
 
 def test_watch_names_what_it_cannot_reach() -> None:

@@ -23,7 +23,8 @@ def _run(agents: int, state: str = "open") -> dict[str, Any]:
             "std": 0.41234,
             "min": -1.0,
             "max": 1.0,
-            "interval": {"level": 0.95, "lower": 0.6712, "upper": 0.7211, "outside": 0},
+            "count": 1349,
+            "interval": {"range": [0.0, 1.0], "outside": 0, "sums": [1349, 939.06, 230.4]},
         },
         "tasks": {"zero_variance_share": 0.4},
         "pass_at_k": {"1": 69.6, "2": 90.2, "4": 98.8, "8": 99.9},
@@ -42,9 +43,10 @@ def _run(agents: int, state: str = "open") -> dict[str, Any]:
     }
 
 
-def _screen(run: dict[str, Any], width: int) -> list[str]:
+def _screen(run: dict[str, Any], width: int, level: float = 0.95) -> list[str]:
     console = Console(width=width, record=True, force_terminal=False)
-    console.print(render([run], {run["run_id"]: 31.0}, "http://127.0.0.1:9400, 12:00:00", console))
+    caption = "http://127.0.0.1:9400, 12:00:00"
+    console.print(render([run], {run["run_id"]: 31.0}, caption, level, console))
     return console.export_text().splitlines()
 
 
@@ -67,9 +69,17 @@ def test_at_200_columns_every_column_is_there() -> None:
     text = "\n".join(_screen(_run(5), 200))
     for column in ("expected", "rate/s", "ETA", "failed", "dup. dropped", "min", "max"):
         assert column in text, column
-    assert "mean interval" in text and "0.6712-0.7211" in text
+    assert "95% interval" in text and "0.6589-0.7334" in text
     assert "@1=69.6 @2=90.2 @4=98.8 @8=99.9" in text and "arithmetic_simple_agent" in text
     assert "…" not in text
+
+
+@pytest.mark.parametrize(("level", "shown"), [(0.9, "0.6623-0.7299"), (0.99, "0.6519-0.7403")])
+def test_the_interval_is_rebuilt_at_the_watchers_level(level: float, shown: str) -> None:
+    """Whatever level the processor shows, the sums give the interval at ``--level``, and the
+    header says which."""
+    text = "\n".join(_screen(_run(1), 200, level))
+    assert f"{100 * level:g}% interval" in text and shown in text, text
 
 
 def test_names_are_cut_last_and_figures_never() -> None:

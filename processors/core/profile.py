@@ -19,7 +19,7 @@ import numpy.typing as npt
 import orjson
 
 from rewardstream.errors import ProfileError
-from rewardstream.processors.core.confseq import DEFAULT_LEVEL, Tally, task_intervals
+from rewardstream.processors.core.confseq import Tally, task_intervals
 from rewardstream.processors.core.difficulty import EDGES, Difficulty, difficulty, task_means
 from rewardstream.processors.core.kernels import (
     GroupStats,
@@ -189,7 +189,7 @@ class Profile:
             {"agent_ref": {"name": g.name}, **difficulty(g.task, g.reward)} for g in self._groups()
         ]
 
-    def intervals(self, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+    def intervals(self, level: float) -> dict[str, Any]:
         """``_intervals.json`` (rewardstream's own, beside NeMo Gym's files): per agent label
         the mean reward's anytime-valid interval over its rollouts in (task, rollout) order,
         the same whichever processor or command writes it, and each task's

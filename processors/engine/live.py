@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewardstream.contract.engine import AgentProgress, AgentSpread, FinalRecord
-from rewardstream.processors.core.confseq import DEFAULT_LEVEL, Tally
+from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.difference import Side
 from rewardstream.processors.core.difficulty import EDGES
 from rewardstream.processors.core.passk import curve_ks
@@ -102,8 +102,9 @@ class AgentLive:
             out.tokens = dict(figures.tokens)
         return out
 
-    def view(self) -> dict[str, Any]:
-        """The JSON of ``GET /runs/<id>`` for this agent (no NaN or infinity: JSON has none)."""
+    def view(self, level: float) -> dict[str, Any]:
+        """The JSON of ``GET /runs/<id>`` for this agent, its interval at ``level`` (no NaN or
+        infinity: JSON has none)."""
         r = self.reward
         return {
             "rollouts": self.rollouts,
@@ -115,7 +116,7 @@ class AgentLive:
                 "std": _finite(r.std),
                 "min": _finite(r.min),
                 "max": _finite(r.max),
-                "interval": self.interval(),
+                "interval": self.interval(level),
             },
             "tasks": {
                 "tasks": self.tasks,
@@ -145,7 +146,7 @@ class AgentLive:
             ],
         }
 
-    def interval(self, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+    def interval(self, level: float) -> dict[str, Any]:
         """The anytime-valid interval of the mean reward (and of pass@1, which estimates the
         same mean: docs/intervals.md); ``lower``/``upper`` are None once a reward fell outside
         the range, which ``outside`` counts. ``sums`` are the tally's ``[n, total, spread]``

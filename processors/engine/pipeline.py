@@ -54,6 +54,7 @@ from rewardstream.contract.events import (
 )
 from rewardstream.contract.names import Aggregates, ProfilePaths
 from rewardstream.errors import RewardstreamError
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.state import ProfileState, keys_in, row_key, row_names
 from rewardstream.processors.core.stopping import Verdict
 from rewardstream.processors.engine.live import AgentLive
@@ -165,6 +166,8 @@ class Pipeline:
     without an event after which an open run is ``stalled``; ``clock``: what times events and
     states (monotonic seconds; a test gives its own, so nothing waits for real time). Events
     may come with their Kafka timestamps, which date those read again (see :meth:`_when`).
+    ``level``: the level of the mean reward's interval the processor shows (the page,
+    ``/runs/<id>``, ``/metrics``) and writes in ``_intervals.json``.
     """
 
     def __init__(
@@ -176,8 +179,10 @@ class Pipeline:
         aggregate_metrics: bool = False,
         stall_after: float = STALL_AFTER,
         clock: Callable[[], float] = time.monotonic,
+        level: float = DEFAULT_LEVEL,
     ) -> None:
         self.output_dir = output_dir
+        self.level = level
         self.stall_after, self.clock = stall_after, clock
         self.started = clock()  # control events are read from the topic's start from here
         self.aggregate_metrics = aggregate_metrics  # for every run, not only those asking
@@ -788,7 +793,7 @@ class Pipeline:
         started = run.started
         if not (self.aggregate_metrics or (started is not None and started.aggregate_metrics)):
             return None
-        return Aggregates(answers=started is not None and started.answer_key is not None)
+        return Aggregates(started is not None and started.answer_key is not None, self.level)
 
     def paths(self, run: Run) -> ProfilePaths:
         stem = run.started.output_stem if run.started else "rollouts"

@@ -99,10 +99,11 @@ class LiveView:
 
     def detail(self, run: Run) -> dict[str, Any]:
         """A run's summary with per agent its whole-run figures (``GET /runs/<id>``)."""
-        agents = {a: s.view() for a, s in run.whole(time.monotonic()).items()}
+        level = self.pipeline.level
+        agents = {a: s.view(level) for a, s in run.whole(time.monotonic()).items()}
         for agent, classes in run.failures.items():
             failed = sum(classes.values())
-            shown = agents.setdefault(agent, AgentLive().view())
+            shown = agents.setdefault(agent, AgentLive().view(level))
             rollouts = shown["rollouts"]
             shown |= {"failed_attempts": classes, "failure_rate": _share(failed, failed + rollouts)}
         # partitions whose owner said it holds rollouts of the run but sent no summary of them
@@ -157,7 +158,7 @@ class LiveView:
                 continue
             agents = {}
             for agent, live in run.whole(now, figures=False).items():
-                r, interval = live.reward, live.interval()
+                r, interval = live.reward, live.interval(self.pipeline.level)
                 agents[agent] = [
                     live.rollouts,
                     *(v if math.isfinite(v) else None for v in (r.mean, r.std, r.min, r.max)),
@@ -229,6 +230,7 @@ def add_page(app: web.Application, view: LiveView) -> None:
                 body = orjson.dumps(
                     {
                         "runs": view.runs(),
+                        "level": view.pipeline.level,  # of the agents' intervals
                         "run": view.detail(run) if run is not None else None,
                         "history": points,
                         "compare": None if pair is None else view.compare(*pair),

@@ -24,6 +24,7 @@ from rewardstream.contract.names import default_group
 from rewardstream.errors import InputError
 from rewardstream.infra.http_security import HttpSecurity
 from rewardstream.kafka.config import KafkaSecurity, start_client
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.difference import Rule
 from rewardstream.processors.engine.pipeline import STALL_AFTER, Pipeline
 from rewardstream.processors.engine.runs import PartView
@@ -79,9 +80,11 @@ class StreamProcessor:
         http_security: HttpSecurity | None = None,
         compares: Sequence[tuple[str, str]] = (),
         compare_rule: Rule | None = None,
+        level: float = DEFAULT_LEVEL,
     ) -> None:
         """``compares``: (baseline, candidate) run ids whose comparison ``/metrics`` exports,
-        judged by ``compare_rule``, as the page's compare view is."""
+        judged by ``compare_rule``, as the page's compare view is; ``level``: the agents' mean
+        reward intervals' on the page, ``/runs/<id>``, ``/metrics`` and in ``_intervals.json``."""
         self.bootstrap = bootstrap
         self.compare_rule = compare_rule or Rule()
         self.http_security = http_security or HttpSecurity()  # its endpoint's, and for peers
@@ -103,6 +106,7 @@ class StreamProcessor:
             clock=time.monotonic,
             compares=compares,
             rule=self.compare_rule,
+            level=level,
         )
         self.pipeline = Pipeline(
             output_dir or self.state_dir / "finals",
@@ -112,6 +116,7 @@ class StreamProcessor:
             aggregate_metrics=aggregate_metrics,
             stall_after=stall_after,
             clock=time.monotonic,
+            level=level,
         )
         self.quiet_start = QuietStart()
         self.background = Background()

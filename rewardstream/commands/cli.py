@@ -57,7 +57,8 @@ _PROFILE_REQUIRED = ("materialized_inputs_jsonl_fpath", "rollouts_jsonl_fpath")
 _PROFILE_NAMES = ("+materialized_inputs_jsonl_fpath", "+rollouts_jsonl_fpath")  # in errors
 _PROFILE_USAGE = """\
 usage: ng_reward_profile +materialized_inputs_jsonl_fpath=M +rollouts_jsonl_fpath=R \
-[++allow_partial_rollouts=True] [+quiet=true] [+aggregate_metrics=true [+answer_key=FIELD]]
+[++allow_partial_rollouts=True] [+quiet=true] [+aggregate_metrics=true [+answer_key=FIELD]
+[+interval_level=LEVEL]]
 
 Profile a finished collection: writes R's _reward_profiling.jsonl, _agent_metrics.json and
 _repeat_level_metrics.json next to R, as NeMo Gym 0.7.0 does.
@@ -73,6 +74,8 @@ overrides (+key=value, ++key=value or key=value):
                                          _intervals.json (false)
   +answer_key=FIELD                      the result field majority@k votes on (e.g.
                                          extracted_answer); adds the no_answer score
+  +interval_level=LEVEL                  the level of _intervals.json's anytime-valid
+                                         intervals, in (0, 1) (0.95)
 
 options:
   -h, --help                             show this help and exit
@@ -135,6 +138,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         ("quiet", args.quiet or None),
         ("aggregate_metrics", args.aggregate_metrics or None),
         ("answer_key", args.answer_key),
+        ("interval_level", args.interval_level),
     ):
         if value is not None:
             config[key] = value
@@ -239,6 +243,17 @@ def _add_rule(parser: argparse.ArgumentParser, prefix: str) -> None:
     )
 
 
+def _add_level(parser: argparse.ArgumentParser, where: str) -> None:
+    """``--level``: the level of each agent's mean reward interval; ``where``: where it shows."""
+    parser.add_argument(
+        "--level",
+        type=_level,
+        default=0.95,
+        metavar="LEVEL",
+        help=f"the level of each agent's mean reward interval, in (0, 1): {where} (0.95)",
+    )
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -286,6 +301,7 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         http_security=http_security.from_args(args),
         compares=args.compare,
         compare_rule=Rule(args.compare_level, args.compare_noise_floor),
+        level=args.level,
     )
 
     async def main() -> None:
@@ -401,7 +417,9 @@ def _snapshot(args: argparse.Namespace, out: Path) -> SnapshotHead:
 def _cmd_watch(args: argparse.Namespace) -> int:
     from rewardstream.commands.watch import watch
 
-    return watch(args.url, args.run_id, args.interval, args.once, http_security.from_args(args))
+    return watch(
+        args.url, args.run_id, args.interval, args.once, http_security.from_args(args), args.level
+    )
 
 
 _FINAL_WAIT = 30.0  # s: a final the processor shows is being read from Kafka
@@ -564,6 +582,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--answer-key", help="the result field majority@k votes on")
     p.add_argument(
+        "--interval-level",
+        type=_level,
+        metavar="LEVEL",
+        help="with --aggregate-metrics: _intervals.json's level, in (0, 1) (0.95)",
+    )
+    p.add_argument(
         "overrides", nargs="*", help="NeMo Gym overrides, e.g. ++allow_partial_rollouts=True"
     )
     p.set_defaults(func=_cmd_profile)
@@ -666,6 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
         "anytime-valid interval and verdict on /metrics (rewardstream_compare_*); repeatable",
     )
     _add_rule(st, "compare-")
+    _add_level(st, "on /runs/<id>, the page, /metrics and the _intervals.json it writes")
     kafka_options.add_arguments(st)
     http_security.add_server_arguments(st)
     st.set_defaults(func=_cmd_stream)
@@ -733,6 +758,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval", type=_seconds, default=2.0, metavar="S", help="poll every S s (2)"
     )
     wa.add_argument("--once", action="store_true", help="print the table once and exit")
+    _add_level(wa, "rebuilt from the sums /runs/<id> shows, whatever the processor's --level")
     http_security.add_client_arguments(wa)
     wa.set_defaults(func=_cmd_watch)
     co = sub.add_parser(

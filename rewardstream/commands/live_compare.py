@@ -37,11 +37,10 @@ from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
-from rewardstream.commands.live_table import Column, fitted, get_json, poll_loop
+from rewardstream.commands.live_table import Column, fitted, get_json, poll_loop, shown_tally
 from rewardstream.errors import InputError, RewardstreamError
 from rewardstream.infra.http_security import HttpSecurity
 from rewardstream.processors.core.compare import task_flips
-from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.difference import NO_DIFFERENCE, Rule, Side, compare_agents
 from rewardstream.processors.core.records import agent_of
 
@@ -194,14 +193,7 @@ def _side(run: dict[str, Any], agent: str) -> Side:
     """An agent of one run's ``/runs/<id>`` JSON, its tally rebuilt from the interval's sums."""
     shown = run.get("agents", {}).get(agent) or {}
     reward = shown.get("reward") or {}
-    interval = reward.get("interval")
-    tally: Tally | None = Tally()
-    if interval and reward.get("count"):
-        tally = None  # an older processor's: no sums
-        if "sums" in interval:
-            (lo, hi), (n, total, spread) = interval["range"], interval["sums"]
-            tally = Tally(lo, hi, n, total, spread, interval["outside"])
-    return Side(shown.get("rollouts", 0), reward.get("mean"), tally)
+    return Side(shown.get("rollouts", 0), reward.get("mean"), shown_tally(reward))
 
 
 def compare_runs(

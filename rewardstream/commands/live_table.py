@@ -1,5 +1,5 @@
-"""What ``watch`` and ``compare`` share: a processor's JSON polled, and tables redrawn per poll
-that fit the terminal.
+"""What ``watch`` and ``compare`` share: a processor's JSON polled, each agent's confidence
+sequence rebuilt from it, and tables redrawn per poll that fit the terminal.
 
 :func:`fitted` makes a table of the columns that fit: columns of less use give way first,
 then names are cut; figures never are. :func:`poll_loop` prints one poll (``--once``: a
@@ -21,14 +21,29 @@ from rich.table import Table
 
 from rewardstream.errors import InputError
 from rewardstream.infra.http_security import HttpSecurity, open_url
+from rewardstream.processors.core.confseq import Tally
 
-__all__ = ["Column", "fitted", "get_json", "poll_loop"]
+__all__ = ["Column", "fitted", "get_json", "poll_loop", "shown_tally"]
 
 
 def get_json(base: str, path: str, security: HttpSecurity) -> Any:
     """The JSON a processor at ``base`` answers at ``path``."""
     with open_url(security, f"{base.rstrip('/')}{path}") as r:
         return json.loads(r.read())
+
+
+def shown_tally(reward: dict[str, Any]) -> Tally | None:
+    """An agent's confidence sequence rebuilt from its ``reward`` in ``/runs/<id>`` (the
+    interval's ``sums``, ``range`` and ``outside``), so a client takes it at any level whatever
+    the processor's: an empty one before any reward, None from a processor that shows no sums
+    (an older version)."""
+    interval = reward.get("interval")
+    if not (interval and reward.get("count")):
+        return Tally()
+    if "sums" not in interval:
+        return None
+    (lo, hi), (n, total, spread) = interval["range"], interval["sums"]
+    return Tally(lo, hi, n, total, spread, interval["outside"])
 
 
 class Column(NamedTuple):

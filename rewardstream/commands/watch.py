@@ -4,12 +4,13 @@ It polls the processor's ``/runs`` and ``/runs/<id>`` (the whole run, as the pag
 and redraws one table per poll with rich: per run its state (a stalled run: since when it
 has had no event, rate 0, no ETA), rollouts of expected, rate and ETA (from the last two
 polls), failed attempts, and per agent the rollouts, the reward's mean, std, min and max, the
-mean's anytime-valid 95% interval (docs/intervals.md), the share of zero-variance tasks, pass@1
-and pass@k. The tables fit the terminal (:func:`~rewardstream.commands.live_table.fitted`:
-columns of less use give way first, then names are cut; the state, rollouts, mean, std and
-pass@1 never are). A processor that cannot be reached is said in the
-table's caption, and watching goes on; ``--once`` prints one table and exits (2 when the
-processor cannot be reached).
+mean's anytime-valid interval at ``--level`` (docs/intervals.md: rebuilt here from the sums
+``/runs/<id>`` carries, so any level, whatever the processor's), the share of zero-variance
+tasks, pass@1 and pass@k. The tables fit the terminal
+(:func:`~rewardstream.commands.live_table.fitted`: columns of less use give way first, then
+names are cut; the state, rollouts, mean, std and pass@1 never are). A processor that cannot
+be reached is said in the table's caption, and watching goes on; ``--once`` prints one table
+and exits (2 when the processor cannot be reached).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Any, NamedTuple
 from rich.console import Console, Group
 from rich.table import Table
 
-from rewardstream.commands.live_table import Column, fitted, get_json, poll_loop
+from rewardstream.commands.live_table import Column, fitted, get_json, poll_loop, shown_tally
 from rewardstream.errors import InputError
 from rewardstream.infra.http_security import HttpSecurity
+from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 
 __all__ = ["watch"]
 
@@ -77,26 +79,29 @@ _RUN_COLUMNS = (
     Column("failed", 3),
     Column("dup. dropped", 4),
 )
-_AGENT_COLUMNS = (
-    Column("agent", 0),
-    Column("rollouts", 0),
-    Column("mean", 0),
-    Column("std", 0),
-    Column("pass@1", 0),
-    Column("mean interval", 1),
-    Column("min", 2),
-    Column("max", 2),
-    Column("zero-var", 3),
-    Column("pass@k", 1),
-)
 
 
-def _interval(interval: dict[str, Any] | None) -> str:
-    """The mean's anytime-valid interval, its level when not the usual 95%."""
-    if not interval or interval.get("lower") is None:
-        return "-"
-    level = "" if interval["level"] == 0.95 else f" ({100 * interval['level']:g}%)"
-    return f"{interval['lower']:.4f}-{interval['upper']:.4f}{level}"
+def _agent_columns(level: float) -> tuple[Column, ...]:
+    """The agents' columns; the interval's header says its level."""
+    return (
+        Column("agent", 0),
+        Column("rollouts", 0),
+        Column("mean", 0),
+        Column("std", 0),
+        Column("pass@1", 0),
+        Column(f"{100 * level:g}% interval", 1),
+        Column("min", 2),
+        Column("max", 2),
+        Column("zero-var", 3),
+        Column("pass@k", 1),
+    )
+
+
+def _interval(reward: dict[str, Any], level: float) -> str:
+    """The mean's anytime-valid interval at ``level``, from the sums the processor shows."""
+    tally = shown_tally(reward)
+    now = None if tally is None else tally.interval(level)
+    return "-" if now is None else f"{now.lower:.4f}-{now.upper:.4f}"
 
 
 def _pass_at_1(passes: dict[str, Any]) -> str:
@@ -108,10 +113,11 @@ def render(
     runs: list[dict[str, Any]],
     rates: dict[str, float | None],
     caption: str,
+    level: float,
     console: Console | None = None,
 ) -> Group:
-    """The runs table and, per run, its agents' table, with the columns that fit
-    ``console``'s width (:func:`~rewardstream.commands.live_table.fitted`)."""
+    """The runs table and, per run, its agents' table (intervals at ``level``), with the
+    columns that fit ``console``'s width (:func:`~rewardstream.commands.live_table.fitted`)."""
     console = console or Console(width=200)
     rows = []
     for run in runs:
@@ -143,14 +149,15 @@ def render(
                     _num(reward.get("mean")),
                     _num(reward.get("std")),
                     _pass_at_1(passes),
-                    _interval(reward.get("interval")),
+                    _interval(reward, level),
                     _num(reward.get("min")),
                     _num(reward.get("max")),
                     _num(tasks.get("zero_variance_share"), 3),
                     " ".join(f"@{k}={v:.1f}" for k, v in passes.items()),
                 )
             )
-        parts.append(fitted(console, _AGENT_COLUMNS, agents, title=f"{run['run_id']}: agents"))
+        title = f"{run['run_id']}: agents"
+        parts.append(fitted(console, _agent_columns(level), agents, title=title))
     return Group(*parts)
 
 
@@ -160,10 +167,11 @@ def watch(
     interval: float = 2.0,
     once: bool = False,
     security: HttpSecurity | None = None,
+    level: float = DEFAULT_LEVEL,
     console: Console | None = None,
 ) -> int:
     """Poll and redraw until interrupted (Ctrl-C), or once (with ``security``'s token and
-    CA)."""
+    CA), the agents' intervals at ``level``."""
     security = security or HttpSecurity()
     # a pipe or a file has no width: 80 columns would cut agent names
     console = console or Console(width=None if sys.stdout.isatty() else 160)
@@ -185,6 +193,6 @@ def watch(
             seen[run["run_id"]] = _Seen(now, run["rollouts"])
         stamp = time.strftime("%H:%M:%S")
         caption = f"{url}, {stamp}, every {interval:g} s (Ctrl-C to stop)"
-        return render(runs, rates, caption, console)
+        return render(runs, rates, caption, level, console)
 
     return poll_loop(console, poll, url, interval, once)

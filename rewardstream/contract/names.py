@@ -78,9 +78,11 @@ def valid_output_stem(stem: object) -> bool:
 class Aggregates(NamedTuple):
     """What a run asked for beyond NeMo Gym's three files: ``_aggregate_metrics.json``,
     ``_task_difficulty.json`` and ``_intervals.json``, with majority@k when its results carry
-    answers."""
+    answers, and the intervals at ``level`` (the batch command's ``+interval_level``, the
+    processor's ``--level``)."""
 
-    answers: bool = False
+    answers: bool
+    level: float
 
 
 class ProfilePaths(NamedTuple):

@@ -105,6 +105,7 @@ function unknownRuns(ids, runs) {
 const VERDICT = { better: "better", worse: "worse", undecided: "undecided",
   "no difference larger than the noise floor": "same", "no interval": "none" };
 const pct = (n) => `${(100 * n).toFixed(1)}%`;
+const percent = (x) => Number((100 * x).toFixed(4));  // 97.5, not 97.50000000000001
 const signed = (v, digits = 3) => v === null ? "-" : (v >= 0 ? "+" : "") + v.toFixed(digits);
 const span = (lo, hi, signs = false) => lo === null ? "-"
   : signs ? `${signed(lo)} ${signed(hi)}` : `${fmt(lo)} - ${fmt(hi)}`;
@@ -187,7 +188,6 @@ function renderCompare(c, runs) {
   $("#compare-title").textContent = `${b.run_id} against ${a.run_id}`;
   $("#compare-runs").textContent = `A (baseline): ${a.run_id}, ${a.state}, ${a.rollouts} ` +
     `rollouts - B (candidate): ${b.run_id}, ${b.state}, ${b.rollouts} rollouts`;
-  const percent = (x) => Number((100 * x).toFixed(4));  // 97.5, not 97.50000000000001
   const level = percent(c.level), each = percent(c.run_level), d = c.noise_floor;
   $("#compare-rule").textContent = `B - A is the candidate's mean reward minus the ` +
     `baseline's, per agent, with an anytime-valid ${level}% interval: valid however often you ` +
@@ -225,7 +225,11 @@ function renderCompare(c, runs) {
   $("#compare-plots").replaceChildren(...c.agents.map((r) => plot(r, c)));
 }
 
-function renderRun(run) {
+// The agents' intervals are at the processor's --level (level: 0.9 says "90% interval").
+function renderRun(run, level) {
+  $("#agents-level").textContent = `${percent(level)}% interval`;
+  $("#mean-caption").textContent =
+    `Mean reward over time, its ${percent(level)}% interval as a band`;
   $("#run").hidden = false;
   $("#run-title").textContent = run.run_id;
   const done = run.state === "final";
@@ -435,7 +439,7 @@ function connect() {
     const last = timeline.length ? timeline[timeline.length - 1].at : -Infinity;
     timeline.push(...data.history.filter((p) => p.at > last));
     renderRuns(data.runs);
-    if (data.run) renderRun(data.run);
+    if (data.run) renderRun(data.run, data.level);
     else $("#run").hidden = true;
     const unknown = pinned && selected && !data.runs.some((r) => r.run_id === selected);
     unknownRuns(unknown ? [selected] : [], data.runs);
