@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special
 
-from bench.coverage_bench import Interval, Setting, said, simulate
+from bench.coverage_bench import Interval, Setting, said, simulate, task_means
 from rewardstream.processors.core.confseq import eb_interval, prefix_sums
 from rewardstream.processors.core.difference import decided, difference_bounds
 
@@ -65,9 +65,9 @@ AB_SETTINGS = [
 ]
 
 
-def _arrived(s: Setting, task_means: F64, rng: np.random.Generator) -> F64:
+def _arrived(s: Setting, means: F64, rng: np.random.Generator) -> F64:
     """One collection of each row's tasks: its rewards in arrival order."""
-    rewards, _, arrival = simulate(s, len(task_means), rng, task_means)
+    rewards, _, arrival = simulate(s, len(means), rng, means)
     return np.take_along_axis(rewards, arrival.astype(np.int64), axis=1)
 
 
@@ -80,11 +80,6 @@ def _difference(a: F64, b: F64, alpha: float, interval: Interval) -> tuple[F64, 
         ends.append(interval(n, totals, spreads, alpha / 2))
     lower, upper = difference_bounds((ends[0][0], ends[0][1]), (ends[1][0], ends[1][1]))
     return lower, upper
-
-
-def _task_means(s: Setting, runs: int, rng: np.random.Generator) -> F64:
-    k = s.concentration
-    return rng.beta(s.mean * k, (1 - s.mean) * k, size=(runs, s.tasks))
 
 
 @dataclass
@@ -104,7 +99,7 @@ def null(s: Setting, runs: int, level: float, seed: int, interval: Interval = eb
     ever: dict[float, list[npt.NDArray[np.bool_]]] = {d: [] for d in FLOORS}
     better_ever = []
     for start in range(0, runs, _CHUNK):
-        means = _task_means(s, min(_CHUNK, runs - start), rng)
+        means = task_means(s.mean, s.concentration, (min(_CHUNK, runs - start), s.tasks), rng)
         lower, upper = _difference(
             _arrived(s, means, rng), _arrived(s, means, rng), alpha, interval
         )
@@ -142,7 +137,7 @@ def power(s: Setting, delta: float, runs: int, level: float, seed: int) -> Power
     first: dict[float, list[F64]] = {d: [] for d in FLOORS}
     a_runs, b_runs, gaps = [], [], []
     for start in range(0, runs, _CHUNK):
-        means = _task_means(s, min(_CHUNK, runs - start), rng)
+        means = task_means(s.mean, s.concentration, (min(_CHUNK, runs - start), s.tasks), rng)
         shifted = np.clip(means + delta, 0.0, 1.0)
         a, b = _arrived(s, means, rng), _arrived(s, shifted, rng)
         lower, upper = _difference(a, b, alpha, eb_interval)

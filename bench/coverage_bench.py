@@ -51,7 +51,9 @@ Interval = Callable[[npt.NDArray[Any], F64, F64, float], tuple[F64, F64]]
 TaskInterval = Callable[[I64, I64, float], tuple[F64, F64]]
 """``(successes, trials, alpha) -> (lower, upper)``, as ``bernoulli_interval``."""
 
-_IN_FLIGHT, _SLOWER, _CHUNK = 64, 1.5, 500
+IN_FLIGHT, SLOWER = 64, 1.5
+"""Rollouts a collector keeps in flight; how much slower a wrong rollout is."""
+_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -92,30 +94,51 @@ class Outcome:
     width_ratio: float  # the sequence's half-width over the t-interval's, at the end
 
 
+def task_means(mean: float, concentration: float, shape: Any, rng: np.random.Generator) -> F64:
+    """True task means ~ Beta(mean * k, (1 - mean) * k): small ``k``, spread out."""
+    k = concentration
+    drawn: F64 = rng.beta(mean * k, (1 - mean) * k, size=shape)
+    return drawn
+
+
+def draw_rewards(
+    kind: Literal["binary", "continuous"], means: F64, rng: np.random.Generator
+) -> F64:
+    """One reward per true mean: 0/1, or Beta(mu * 4, (1 - mu) * 4), bounded, mean mu, well
+    spread (``mu`` kept off 0 and 1, where the Beta is undefined)."""
+    if kind == "binary":
+        return (rng.random(means.shape) < means).astype(np.float64)
+    mu = np.clip(means, 1e-3, 1 - 1e-3)
+    drawn: F64 = rng.beta(mu * 4, (1 - mu) * 4)
+    return drawn
+
+
+def latencies(rewards: F64, rng: np.random.Generator) -> F64:
+    """How long each rollout takes: lognormal, and :data:`SLOWER` times as long when wrong
+    (reward 0; in between for continuous rewards), as with reasoning models."""
+    slowdown: F64 = rng.lognormal(0.0, 0.5, size=rewards.shape) * (1 + (SLOWER - 1) * (1 - rewards))
+    return slowdown
+
+
 def simulate(
-    s: Setting, runs: int, rng: np.random.Generator, task_means: F64 | None = None
+    s: Setting, runs: int, rng: np.random.Generator, means: F64 | None = None
 ) -> tuple[F64, F64, F64]:
     """``runs`` collections: the rewards by (task, rollout index), each task's true mean
-    (drawn, unless ``task_means`` are given: another collection of the same tasks), and the
+    (drawn, unless ``means`` are given: another collection of the same tasks), and the
     arrival order (indices into the flattened rewards)."""
-    if task_means is None:
-        k = s.concentration
-        task_means = rng.beta(s.mean * k, (1 - s.mean) * k, size=(runs, s.tasks))
-    per_rollout = np.repeat(task_means, s.repeats, axis=1)
-    if s.rewards == "binary":
-        rewards = (rng.random(per_rollout.shape) < per_rollout).astype(np.float64)
-    else:  # Beta(mu * 4, (1 - mu) * 4): bounded, mean mu, well spread
-        mu = np.clip(per_rollout, 1e-3, 1 - 1e-3)
-        rewards = rng.beta(mu * 4, (1 - mu) * 4)
+    if means is None:
+        means = task_means(s.mean, s.concentration, (runs, s.tasks), rng)
+    per_rollout = np.repeat(means, s.repeats, axis=1)
+    rewards = draw_rewards(s.rewards, per_rollout, rng)
     if s.order == "shuffled":
         arrival = rng.permuted(
             np.broadcast_to(np.arange(per_rollout.shape[1]), rewards.shape), axis=1
         )
-    else:  # dispatched in file order at a steady rate, _IN_FLIGHT at a time on average
-        latency = rng.lognormal(0.0, 0.5, size=rewards.shape) * (1 + (_SLOWER - 1) * (1 - rewards))
-        started = np.arange(rewards.shape[1]) * (float(latency.mean()) / _IN_FLIGHT)
+    else:  # dispatched in file order at a steady rate, IN_FLIGHT at a time on average
+        latency = latencies(rewards, rng)
+        started = np.arange(rewards.shape[1]) * (float(latency.mean()) / IN_FLIGHT)
         arrival = np.argsort(started + latency, axis=1)
-    return rewards, task_means, arrival.astype(np.float64)
+    return rewards, means, arrival.astype(np.float64)
 
 
 def sequence_covered(

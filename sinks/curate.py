@@ -7,6 +7,11 @@ keep the prompts whose pass rate lies in a band (commonly 20-80%). A profile's
 materialized input row. Curation keeps the rows in the band and/or above the std, and writes
 each surviving task's sample once, in the profile's (task) order, without the collector's
 ``_ng_task_index`` / ``_ng_rollout_index``: a dataset row ready for the next collection.
+
+With ``--confidence LEVEL`` a task is kept only when its pass rate's confidence sequence at
+that level lies inside the band, not merely its mean: four passes of eight is a mean of 0.5 but
+says little about the task, and a sequence may be read at any moment of a live run
+(docs/intervals.md).
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import orjson
 
+from rewardstream.contract.names import ProfilePaths
 from rewardstream.errors import InputError
 from rewardstream.infra.jsonl import iter_jsonl
+from rewardstream.processors.core.confseq import bernoulli_interval
 from rewardstream.processors.core.difficulty import EDGES
 from rewardstream.sinks.files import write_files
 
@@ -31,10 +39,12 @@ _INDEX_KEYS = ("_ng_task_index", "_ng_rollout_index")
 
 class Criteria(NamedTuple):
     """Keep a task row when its mean reward is in ``band`` (inclusive) and its reward std is
-    above ``min_std``; either may be None (not checked), not both."""
+    above ``min_std``; either may be None (not checked), not both. With ``confidence``, the
+    band must hold the task's whole interval at that level (:func:`task_interval`)."""
 
     band: tuple[float, float] | None
     min_std: float | None
+    confidence: float | None = None
 
     def check(self) -> None:
         if self.band is None and self.min_std is None:
@@ -45,11 +55,81 @@ class Criteria(NamedTuple):
                 raise InputError(f"--band needs finite LO <= HI, got {lo:g} {hi:g}")
         if self.min_std is not None and not math.isfinite(self.min_std):
             raise InputError(f"--min-std needs a finite number, got {self.min_std:g}")
+        if self.confidence is not None:
+            if self.band is None:
+                raise InputError("--confidence needs --band LO HI")
+            if not 0 < self.confidence < 1:
+                raise InputError(f"--confidence needs a level in (0, 1), got {self.confidence:g}")
 
-    def keeps(self, mean: float, std: float | None) -> bool:
-        if self.band is not None and not self.band[0] <= mean <= self.band[1]:
+    def keeps(
+        self, mean: float, std: float | None, interval: tuple[float, float] | None = None
+    ) -> bool:
+        """``interval``: the task's, which the band must hold instead of the mean."""
+        low, high = (mean, mean) if interval is None else interval
+        if self.band is not None and not self.band[0] <= low <= high <= self.band[1]:
             return False
         return self.min_std is None or (std is not None and std > self.min_std)
+
+
+class _Intervals:
+    """The task intervals of a run's ``_intervals.json`` at ``level``, by (agent, task); none
+    when the file is absent or was written at another level."""
+
+    def __init__(self, profile: Path, level: float) -> None:
+        self.path = ProfilePaths(profile, profile, profile).intervals
+        self.level = level
+        self._by_task: dict[tuple[str, Any], tuple[Any, Any]] = {}
+        if not self.path.is_file():
+            return
+        written = orjson.loads(self.path.read_bytes())
+        if not math.isclose(written.get("level", math.nan), level):
+            return
+        for agent in written.get("agents", []):
+            name = agent.get("agent_ref", {}).get("name", "")
+            for task in agent.get("tasks", []):
+                ends = (task.get("lower"), task.get("upper"))
+                self._by_task[name, task.get("_ng_task_index")] = ends
+
+    def of(self, agent: str, task: Any) -> tuple[float, float]:
+        lower, upper = self._by_task.get((agent, task), (None, None))
+        if _number(lower) is None or _number(upper) is None:
+            whose = f"task {task}" + (f" of agent {agent!r}" if agent else "")
+            raise InputError(
+                f"{whose} has rewards other than 0 and 1: --confidence "
+                f"{self.level:g} needs its interval from {self.path.name} at that level "
+                "(written with the aggregate metrics, at 0.95)"
+            )
+        return float(lower), float(upper)
+
+
+def _binary_counts(row: dict[str, Any]) -> tuple[int, int] | None:
+    """(passes, rollouts) of a task row whose rewards are all 0 or 1, as its min, max, mean
+    and std show (the std tells {0, 1} from {0, 1/2, 1} with the same mean), else None."""
+    n, mean = row.get("num_rollouts"), _number(row.get("mean/reward"))
+    low, high = _number(row.get("min/reward")), _number(row.get("max/reward"))
+    if type(n) is not int or n < 1 or mean is None or low not in (0, 1) or high not in (0, 1):
+        return None
+    passes = round(mean * n)
+    if abs(mean * n - passes) > 1e-9 * n:
+        return None
+    if n > 1:
+        std = _number(row.get("std/reward"))
+        if std is None or abs(std - math.sqrt(passes * (n - passes) / (n * (n - 1)))) > 1e-9:
+            return None
+    return passes, n
+
+
+def task_interval(row: dict[str, Any], intervals: _Intervals) -> tuple[float, float]:
+    """A task row's pass-rate confidence sequence at ``intervals.level``: from its passes and
+    rollouts for 0/1 rewards (:func:`~rewardstream.processors.core.confseq.bernoulli_interval`),
+    else the one the run's ``_intervals.json`` holds; InputError when there is none."""
+    counts = _binary_counts(row)
+    if counts is None:
+        return intervals.of(_agent(row), row.get("_ng_task_index"))
+    lower, upper = bernoulli_interval(
+        np.array([counts[0]]), np.array([counts[1]]), 1 - intervals.level
+    )
+    return float(lower[0]), float(upper[0])
 
 
 class Curated(NamedTuple):
@@ -109,6 +189,7 @@ def curate(profile: Path, out: Path, criteria: Criteria) -> Curated:
     kept_histogram: dict[str, list[int]] = {}
     unscored = 0
     tasks: dict[Any, bytes] = {}
+    confidence = None if criteria.confidence is None else _Intervals(profile, criteria.confidence)
 
     for line in iter_jsonl(profile):
         row = line.value
@@ -121,7 +202,8 @@ def curate(profile: Path, out: Path, criteria: Criteria) -> Curated:
             unscored += 1
             continue
         histogram.setdefault(agent, [0] * 12)[_bin(mean)] += 1
-        if not criteria.keeps(mean, _number(row.get("std/reward"))):
+        interval = None if confidence is None else task_interval(row, confidence)
+        if not criteria.keeps(mean, _number(row.get("std/reward")), interval):
             continue
         kept[agent] = kept.get(agent, 0) + 1
         kept_histogram.setdefault(agent, [0] * 12)[_bin(mean)] += 1

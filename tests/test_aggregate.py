@@ -344,19 +344,24 @@ def test_streamed_snapshot_and_final_carry_the_batch_aggregates(
 # --------------------------------------------------------------------------- curate
 
 
-def curated_profile(folder: Path) -> Path:
-    """A batch profile of 0/1 rewards with known pass rates per task: 0, 1/4, 1/2, 3/4, 1."""
+def curated_profile(
+    folder: Path, tasks: list[list[float]] | None = None, agent: str | None = None, *flags: str
+) -> Path:
+    """A batch profile of each task's rewards (by default 0/1 rewards with known pass rates
+    per task: 0, 1/4, 1/2, 3/4, 1), by ``agent`` when named; ``flags``: more overrides."""
+    folder.mkdir(exist_ok=True)
     rows, results = [], []
-    for task, passed in enumerate([0, 1, 2, 3, 4]):
-        for rollout in range(4):
+    for task, rewards in enumerate(tasks or [[float(i < p) for i in range(4)] for p in range(5)]):
+        for rollout, reward in enumerate(rewards):
             row = {"_ng_task_index": task, "_ng_rollout_index": rollout, "question": f"q{task}"}
+            row |= {"agent_ref": {"name": agent}} if agent else {}
             rows.append(row)
-            results.append(row | {"reward": float(rollout < passed)})
+            results.append(row | {"reward": reward})
     inputs, rollouts = folder / "c_materialized_inputs.jsonl", folder / "c.jsonl"
     inputs.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     rollouts.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in results))
     argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
-    assert ng_reward_profile([*argv, "+quiet=true"]) == 0
+    assert ng_reward_profile([*argv, "+quiet=true", *flags]) == 0
     return folder / "c_reward_profiling.jsonl"
 
 
@@ -388,6 +393,52 @@ def test_curate_keeps_the_band_once_per_task_in_order(
     ]
 
 
+def _kept(out: Path) -> list[str]:
+    return [orjson.loads(line)["question"] for line in out.read_bytes().splitlines()]
+
+
+def test_curate_with_confidence_keeps_a_task_whose_whole_interval_is_in_the_band(
+    tmp_path: Path,
+) -> None:
+    """16 rollouts of 0/1 rewards, 0, 4, 8, 12 and 16 passes: the means 1/4, 1/2 and 3/4 are
+    in [0.1, 0.97], the 95% sequences of 8 ([0.169, 0.831]) and 12 ([0.376, 0.963]) only."""
+    tasks = [[float(i < p) for i in range(16)] for p in (0, 4, 8, 12, 16)]
+    profile = curated_profile(tmp_path, tasks)
+    out, band = tmp_path / "kept.jsonl", ["--band", "0.1", "0.97"]
+    assert main(["curate", str(profile), *band, "--out", str(out)]) == 0
+    assert _kept(out) == ["q1", "q2", "q3"]
+    assert main(["curate", str(profile), *band, "--confidence", "0.95", "--out", str(out)]) == 0
+    assert _kept(out) == ["q2", "q3"]
+    wider = ["--band", "0.05", "0.97", "--out", str(out)]
+    assert main(["curate", str(profile), *wider, "--confidence", "0.95"]) == 0
+    assert _kept(out) == ["q2", "q3"]  # 4 of 16: [0.037, 0.624]
+    assert main(["curate", str(profile), *wider, "--confidence", "0.5"]) == 0
+    assert _kept(out) == ["q1", "q2", "q3"]  # a lower level: [0.074, 0.514]
+
+
+def test_curate_with_confidence_reads_other_rewards_intervals_from_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task of rewards 0, 1, 1/2, 1/2 (x 50) has a 0/1 task's mean, min and max, not its std: its
+    interval is the run's ``_intervals.json``'s, and without that file it is one line."""
+    tasks = [[1.0, 0.0] * 8, [0.0, 1.0, 0.5, 0.5] * 50]
+    argv = ["--band", "0.1", "0.9", "--confidence", "0.95", "--out", str(tmp_path / "o.jsonl")]
+    plain = curated_profile(tmp_path / "plain", tasks, "a")
+    assert main(["curate", str(plain), *argv]) == 2
+    err = capsys.readouterr().err
+    assert "task 1 of agent 'a' has rewards other than 0 and 1" in err and err.count("\n") == 1
+    assert "c_intervals.json" in err and not (tmp_path / "o.jsonl").exists()
+    extras = curated_profile(tmp_path / "extras", tasks, "a", "+aggregate_metrics=true")
+    assert main(["curate", str(extras), *argv]) == 0
+    intervals = orjson.loads((tmp_path / "extras" / "c_intervals.json").read_bytes())
+    second = intervals["agents"][0]["tasks"][1]
+    assert 0.1 <= second["lower"] <= second["upper"] <= 0.9
+    assert _kept(tmp_path / "o.jsonl") == ["q0", "q1"]
+    at_90 = [a if a != "0.95" else "0.9" for a in argv]
+    assert main(["curate", str(extras), *at_90]) == 2  # the file is at 0.95 only
+    assert "needs its interval from c_intervals.json" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -396,6 +447,8 @@ def test_curate_keeps_the_band_once_per_task_in_order(
         (["--band", "nan", "1", "--out", "o.jsonl"], "--band needs finite LO <= HI"),
         (["--min-std", "inf", "--out", "o.jsonl"], "--min-std needs a finite number"),
         (["--band", "2", "3", "--out", "o.jsonl"], "no task survives of 5 in"),
+        (["--min-std", "0", "--confidence", "0.9", "--out", "o"], "--confidence needs --band"),
+        (["--band", "0", "1", "--confidence", "1", "--out", "o"], "--confidence needs a level"),
     ],
 )
 def test_curate_refuses_bad_arguments_and_empty_results(

@@ -458,7 +458,9 @@ def _with(args: argparse.Namespace, **more: Any) -> argparse.Namespace:
 def _cmd_curate(args: argparse.Namespace) -> int:
     from rewardstream.sinks.curate import Criteria, curate, find_profile, report_lines
 
-    criteria = Criteria(None if args.band is None else tuple(args.band), args.min_std)
+    criteria = Criteria(
+        None if args.band is None else tuple(args.band), args.min_std, args.confidence
+    )
     criteria.check()  # before anything is fetched
     sources = [args.profile is not None, args.url is not None, args.bootstrap is not None]
     if sum(sources) != 1:
@@ -827,6 +829,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cu.add_argument(
         "--min-std", type=float, metavar="S", help="keep tasks whose reward std is above S"
+    )
+    cu.add_argument(
+        "--confidence",
+        type=float,
+        metavar="LEVEL",
+        help="with --band: keep tasks whose pass rate's confidence sequence at LEVEL (e.g. "
+        "0.95) lies inside the band; other than 0/1 rewards need the run's _intervals.json",
     )
     kafka_options.add_option(cu, "--topic-prefix", "with --bootstrap: topics")
     kafka_options.add_option(cu, "--group-id", "with --bootstrap: the processors' group")
