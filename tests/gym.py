@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -9,17 +10,19 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from rewardstream.contract.events import Topics
 from rewardstream.gym_servers.base import Handler
 from rewardstream.gym_servers.math_env import generate
 from rewardstream.gym_servers.ng_run import BUNDLED_CONFIG
 from rewardstream.kafka.local import free_port
+from rewardstream.processors.stream import StreamProcessor
 
 POLICY = "+policy_model.responses_api_models.simulated_model.simulated_policy"
 
@@ -109,3 +112,27 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def keys(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows]
+
+
+@contextlib.asynccontextmanager
+async def streaming(
+    bootstrap: str, out: Path, prefix: str, wait_s: float = 60
+) -> AsyncIterator[tuple[StreamProcessor, dict[str, Any]]]:
+    """A stream processor in this event loop on the topics of ``prefix``, and the collector
+    keys that stream a collection to it and wait (``wait_s``) for its final profile."""
+    processor = StreamProcessor(bootstrap, out, Topics.for_prefix(prefix))
+    stop = asyncio.Event()
+    task = asyncio.create_task(processor.run(stop))
+    try:
+        yield (
+            processor,
+            {
+                "kafka_bootstrap_servers": bootstrap,
+                "kafka_topic_prefix": prefix,
+                "kafka_wait_profile": True,
+                "kafka_wait_profile_timeout_s": wait_s,
+            },
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)

@@ -26,7 +26,17 @@ from rewardstream.producers.gym.collect import CollectConfig, CollectionFailed, 
 from rewardstream.producers.gym.materialize import materialize
 from rewardstream.producers.publisher.run_id import default_run_id
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES
-from tests.gym import POLICY, NgRun, fast, keys, ng_run, read_jsonl, serve, write_problems
+from tests.gym import (
+    POLICY,
+    NgRun,
+    fast,
+    keys,
+    ng_run,
+    read_jsonl,
+    serve,
+    streaming,
+    write_problems,
+)
 
 needs_golden = pytest.mark.skipif(not GOLDEN.exists(), reason="no goldens")
 
@@ -426,17 +436,10 @@ async def test_failed_attempts_are_streamed_and_counted_once(
         return web.Response(status=503) if n == 1 else _ok(row)
 
     _, url = await fake_agent(flaky)
-    topics = Topics.for_prefix(unique_name("failed"))
-    processor = StreamProcessor(kafka_bootstrap, tmp_path / "profiles", topics)
-    stop = asyncio.Event()
-    task = asyncio.create_task(processor.run(stop))
-    try:
-        kafka = {
-            "kafka_bootstrap_servers": kafka_bootstrap,
-            "kafka_topic_prefix": topics.inputs.rsplit(".", 1)[0],
-            "kafka_wait_profile": True,
-            "kafka_wait_profile_timeout_s": 60,
-        }
+    async with streaming(kafka_bootstrap, tmp_path / "profiles", unique_name("failed")) as (
+        processor,
+        kafka,
+    ):
         cfg = _config(tmp_path, url, **kafka)
         report = await collect(cfg)
         assert (report.completed, report.failed) == (4, 4)
@@ -452,9 +455,6 @@ async def test_failed_attempts_are_streamed_and_counted_once(
         assert (view["failed_attempts"], view["failure_rate"]) == (4, 0.5)
         assert view["agents"][agent]["failed_attempts"] == {"agent_run_error": 4}
         assert view["agents"][agent]["failure_rate"] == 0.5
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 async def test_run_id_names_the_collection(fake_agent: Any, tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rewardstream.commands.cli import ng_reward_profile
-from rewardstream.contract.events import Topics
 from rewardstream.errors import InputError
 from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.stopping import (
@@ -29,11 +28,10 @@ from rewardstream.processors.core.stopping import (
 )
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.inprocess import PipelineSink
-from rewardstream.processors.stream import StreamProcessor
 from rewardstream.producers.gym.collect import CollectConfig, collect, main
 from rewardstream.producers.gym.early_stop import EarlyStopConfig, Skips
 from rewardstream.sinks.curate import Criteria, curate
-from tests.gym import read_jsonl, serve, write_problems
+from tests.gym import read_jsonl, serve, streaming, write_problems
 
 BAND = (0.1, 0.9)
 AGENT = "arithmetic_simple_agent"  # write_problems' rows name it
@@ -342,19 +340,11 @@ async def test_the_processors_decide_and_the_collector_honours_it(
         return web.json_response({"response": {}, "reward": reward} | row)
 
     runner, url = await serve({"/run": run})
-    topics = Topics.for_prefix(unique_name("stop"))
-    processor = StreamProcessor(kafka_bootstrap, tmp_path / "profiles", topics)
-    stop = asyncio.Event()
-    task = asyncio.create_task(processor.run(stop))
+    prefix = unique_name("stop")
     try:
-        kafka = {
-            "kafka_bootstrap_servers": kafka_bootstrap,
-            "kafka_topic_prefix": topics.inputs.rsplit(".", 1)[0],
-            "kafka_wait_profile": True,
-            "kafka_wait_profile_timeout_s": 120,
-            "early_stop": {"band": list(BAND)},
-        }
-        report = await collect(_cfg(tmp_path, url, "k", **kafka))
+        async with streaming(kafka_bootstrap, tmp_path / "profiles", prefix, 120) as (_, kafka):
+            early = {"early_stop": {"band": list(BAND)}}
+            report = await collect(_cfg(tmp_path, url, "k", **kafka, **early))
         folder = tmp_path / "k"
         rollouts, skipped = read_jsonl(folder / "r.jsonl"), read_jsonl(folder / "r_skipped.jsonl")
         rows = read_jsonl(folder / "r_materialized_inputs.jsonl")
@@ -376,6 +366,4 @@ async def test_the_processors_decide_and_the_collector_honours_it(
         streamed = report.profile.reward_profiling.read_bytes()
         assert (batch / "r_reward_profiling.jsonl").read_bytes() == streamed
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
         await runner.cleanup()
