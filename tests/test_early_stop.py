@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 from aiohttp import web
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewardstream.commands.cli import ng_reward_profile
@@ -40,6 +40,7 @@ AGENT = "arithmetic_simple_agent"  # write_problems' rows name it
 # ------------------------------------------------------------------------------ the pure rule
 
 
+@settings(deadline=None)  # as every property test here: a loaded machine is no failure
 @given(
     repeats=st.integers(1, 24),
     data=st.data(),
