@@ -279,18 +279,21 @@ def test_any_processor_shows_the_whole_run(
                     assert math.isclose(value, mine["pass_at_k"][k], rel_tol=1e-12)
         return True
 
-    def until(state: str, among: list[Processor]) -> None:
-        deadline = time.monotonic() + 60
+    def until(states: set[str], among: list[Processor]) -> None:
+        deadline = time.monotonic() + 120  # 18 s alone; more than 60 s under a loaded suite
         while True:
             details = [run_detail(h.url, "w") for h in among]
-            if all(d["state"] == state for d in details) and same(details):
+            if all(d["state"] in states for d in details) and same(details):
                 return
-            assert time.monotonic() < deadline, details
+            shown = [(d["state"], d["rollouts"], d["agents"]) for d in details]
+            assert time.monotonic() < deadline, shown
             time.sleep(0.3)
 
-    until("open", hosts)  # each from its own parts and the other's member record
+    # each from its own parts and the other's member record; "stalled" is "open" after 60 s
+    # without an event, which a loaded machine can take to get here
+    until({"open", "stalled"}, hosts)
     send_events(kafka_bootstrap, topics, [("control", encode(RunFinished(run_id="w")))], "w")
-    until("final", hosts)  # from the final record
+    until({"final"}, hosts)  # from the final record
     late = Processor(
         kafka_bootstrap,
         prefix,
@@ -300,7 +303,7 @@ def test_any_processor_shows_the_whole_run(
     )
     processors.append(late)
     late.wait(lambda runs: runs.get("w", {}).get("state") == "final")
-    until("final", [*hosts, late])  # started after the final: the same figures
+    until({"final"}, [*hosts, late])  # started after the final: the same figures
 
 
 def test_publish_names_the_live_page(
