@@ -6,9 +6,11 @@
 Each run is one agent's generated collection of ``--tasks`` x ``--repeats``, collected as the
 collector does with early stop on: rows dispatched rollout-major (every task's rollout 0, then
 every rollout 1, ...), :data:`~bench.coverage_bench.IN_FLIGHT` at a time, each finishing after
-:func:`~bench.coverage_bench.latencies` (a wrong rollout slower). Every result is folded, in
-arrival order, into a :class:`~rewardstream.processors.core.stopping.Stopper`; its decisions
-keep rows that are not dispatched yet from ever being dispatched, and in-flight rows complete.
+:func:`~bench.coverage_bench.latencies` (a wrong rollout slower). Every result is given, as it
+arrives, to a :class:`~rewardstream.processors.core.stopping.Stopper` with its dispatch
+position (which folds the agent's tally in dispatch order, as the collector does); its
+decisions keep rows that are not dispatched yet from ever being dispatched (each such row told
+to the Stopper as lacking), and in-flight rows complete.
 All rewards are drawn before the run, so the full collection is the same run without the rule.
 
 - **Task rule** (``band``): counted, the share of rollouts never dispatched, and the tasks
@@ -46,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench.coverage_bench import IN_FLIGHT, draw_rewards, latencies, said, task_means
-from rewardstream.processors.core.stopping import Stopper, StopRule
+from rewardstream.processors.core.stopping import Stopper, StopRule, Verdict
 from rewardstream.sinks.curate import Criteria
 
 F64 = npt.NDArray[np.float64]
@@ -109,6 +111,14 @@ def collect(rewards: F64, latency: F64, rule: StopRule, in_flight: int = IN_FLIG
     rows = ((t, r) for r in range(repeats) for t in range(tasks))  # rollout-major
     running: list[tuple[float, int, int]] = []
 
+    def decide(verdicts: list[Verdict]) -> None:
+        nonlocal stopped
+        for verdict in verdicts:
+            if verdict.task is None:
+                stopped = True
+            else:
+                skipped.add(verdict.task)
+
     def dispatch(now: float) -> None:
         for t, r in rows:
             if stopped:
@@ -116,17 +126,14 @@ def collect(rewards: F64, latency: F64, rule: StopRule, in_flight: int = IN_FLIG
             if t not in skipped:
                 heapq.heappush(running, (now + float(latency[t, r]), t, r))
                 return
+            decide(stopper.lack(_AGENT, r * tasks + t))  # never dispatched: no result
 
     for _ in range(in_flight):
         dispatch(0.0)
     while running:
         now, t, r = heapq.heappop(running)
         got[t, r] = True
-        for verdict in stopper.add(_AGENT, t, float(rewards[t, r])):
-            if verdict.task is None:
-                stopped = True
-            else:
-                skipped.add(verdict.task)
+        decide(stopper.add(_AGENT, t, float(rewards[t, r]), r * tasks + t))
         dispatch(now)
     final = stopper.agents[_AGENT].interval(rule.level)
     return Collected(rewards, got, None if final is None else (final.lower, final.upper))

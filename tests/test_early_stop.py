@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from rewardstream.commands.cli import ng_reward_profile
 from rewardstream.errors import InputError
-from rewardstream.processors.core.confseq import Tally
+from rewardstream.processors.core.confseq import Interval, Tally
 from rewardstream.processors.core.stopping import (
+    DispatchOrder,
     Stopper,
     StopRule,
     Verdict,
@@ -29,7 +30,7 @@ from rewardstream.processors.core.stopping import (
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.inprocess import PipelineSink
 from rewardstream.producers.gym.collect import CollectConfig, collect, main
-from rewardstream.producers.gym.early_stop import EarlyStopConfig, Skips
+from rewardstream.producers.gym.early_stop import EarlyStopConfig, Skips, dispatch_order
 from rewardstream.sinks.curate import Criteria, curate
 from tests.gym import read_jsonl, serve, streaming, write_problems
 
@@ -94,13 +95,91 @@ def test_the_agent_rule_needs_the_interval_not_the_point() -> None:
 
 def test_a_reward_outside_the_range_keeps_its_task_open() -> None:
     stopper = Stopper(StopRule(4, band=BAND))
-    assert stopper.add("a", 0, 1.5) == []
-    assert stopper.add("a", 0, 0.0) == []  # 1 right and 1 wrong, but one is out of [0, 1]
-    assert stopper.add("a", 1, 1.0) == [] and stopper.add("a", 1, None) == []
-    assert stopper.add("a", 2, 1.0) == [] and [v.reason for v in stopper.add("a", 2, 0.0)] == [
-        "inside-band"
+    assert stopper.add("a", 0, 1.5, 0) == []
+    assert stopper.add("a", 0, 0.0, 1) == []  # 1 right and 1 wrong, but one is out of [0, 1]
+    assert stopper.add("a", 1, 1.0, 2) == [] and stopper.add("a", 1, None, 3) == []
+    assert stopper.add("a", 2, 1.0, 4) == []
+    assert [v.reason for v in stopper.add("a", 2, 0.0, 5)] == ["inside-band"]
+    assert stopper.add("a", 2, 0.0, 6) == []  # said once
+
+
+def test_dispatch_order_lets_out_prefixes_whatever_order_items_come_back_in() -> None:
+    order: DispatchOrder[str] = DispatchOrder()
+    assert order.put(2, "c") == [] and order.put(1, "b") == [] and order.held == 2
+    assert order.put(0, "a") == ["a", "b", "c"] and order.next == 3 and order.held == 0
+    assert order.lack(5) == [] and order.put(4, "e") == [] and order.held == 1
+    assert order.lack(3) == ["e"] and order.next == 6  # 3 and 5 have none: no wait for them
+    assert order.put(1, "again") == [] and order.lack(4) == [] and order.put(6, "f") == ["f"]
+
+
+def _right_first(block: int) -> list[tuple[int, float]]:
+    """A block of rows dispatched alternately to a task always right and one always wrong
+    (mean 0.5), back right-first, as when wrong rollouts are slower: (position, reward)."""
+    rewards = [float(at % 2 == 0) for at in range(block)]
+    arrival = sorted(range(block), key=lambda at: rewards[at] == 0.0)  # the 1s, then the 0s
+    return [(at, rewards[at]) for at in arrival]
+
+
+def _agent_stops(
+    results: list[tuple[int, float]], rule: StopRule
+) -> list[tuple[int, Interval | None]]:
+    """Fold (position, reward) results; (results in, the agent's interval) when the agent rule
+    spoke."""
+    stopper, stops = Stopper(rule), []
+    for i, (at, reward) in enumerate(results):
+        if any(v.task is None for v in stopper.add("a", at % 2, reward, at)):
+            stops.append((i + 1, stopper.agents["a"].interval(rule.level)))
+    return stops
+
+
+def test_the_agent_rule_does_not_stop_on_the_right_results_that_came_back_first() -> None:
+    """The confidence sequence is valid for an order its outcomes do not choose: the agent
+    rule folds in dispatch order, so 200 right results back first fold one (the next row
+    dispatched is a wrong one, not back yet), and the rule stops, if at all, on the
+    interleaved prefix, with the truth 0.5 inside. Folded in arrival order (planted: each
+    result given its arrival position as if that were its dispatch position), the rule stops
+    after 56 straight 1s on [0.80, 1], which misses 0.5: the old behaviour fails this test."""
+    rule = StopRule(2, half_width=0.1)
+    results = _right_first(400)
+    stops = _agent_stops(results, rule)
+    for i, interval in stops:
+        assert i > 200, "stopped on the right results that came back first"
+        assert interval is not None and interval.lower <= 0.5 <= interval.upper
+    early = Stopper(rule)
+    for at, reward in results[:200]:
+        assert early.add("a", at % 2, reward, at) == []
+    assert early.agents["a"].n == 1 and early.waiting("a") == 199
+
+    arrival = [(i, reward) for i, (_, reward) in enumerate(results)]  # the old fold
+    ((i, interval),) = _agent_stops(arrival, rule)
+    assert i == 56 and interval is not None and not interval.lower <= 0.5 <= interval.upper
+
+
+def test_skipped_and_failed_rows_do_not_hold_the_agent_fold_back() -> None:
+    """The first row dispatched fails for good; later rows are skipped by task decisions.
+    Every result waits for the failed row until the collector is done with it; then the fold
+    goes on past it and past the skipped rows, and the agent rule stops."""
+    rows = [
+        {"_ng_task_index": t, "_ng_rollout_index": r, "agent_ref": {"name": AGENT}}
+        for t in range(60)
+        for r in range(20)
     ]
-    assert stopper.add("a", 2, 0.0) == []  # said once
+    early = EarlyStopConfig(half_width=0.2, band=BAND).wire(rows)
+    skips = Skips(early, local=True, rows=rows)
+    assert skips.stopper is not None
+    first, *rest = dispatch_order(rows)
+    folded = skipped = 0
+    for row in rest:
+        if skips.skip(row) is not None:
+            skipped += 1
+            continue
+        skips.fold(row, {"reward": reward_of(row["_ng_task_index"], row["_ng_rollout_index"])})
+        folded += 1
+    assert skipped > 0 and (AGENT, None) not in skips.decided  # all wait for the first row
+    assert skips.stopper.agents[AGENT].n == 0 and skips.stopper.waiting(AGENT) == folded
+    skips.settled(first)  # its attempts failed for good: no result will come
+    assert skips.decided[(AGENT, None)].reason == "half-width"
+    assert skips.stopper.waiting(AGENT) == 0 and skips.stopper.agents[AGENT].n == folded
 
 
 def test_conflicting_decisions_collect_the_key_in_full(
@@ -217,6 +296,53 @@ async def test_an_agent_known_well_enough_stops(
     assert {s["reason"] for s in skipped} == {"half-width"}
     (after,) = {s["decided_after"] for s in skipped}
     assert after == report.completed  # one in flight: it stopped at once
+
+
+async def test_an_agent_stops_past_a_row_that_failed_for_good(tmp_path: Path) -> None:
+    """The first row dispatched fails terminally (HTTP 400): no result of it will come, and the
+    agent's fold, in dispatch order, goes on past it instead of waiting for it forever."""
+
+    async def run(request: web.Request) -> web.Response:
+        row = orjson.loads(await request.read())
+        key = (row["_ng_task_index"], row["_ng_rollout_index"])
+        if key == (0, 0):
+            return web.json_response({"error": "bad row"}, status=400)
+        return web.json_response({"response": {}, "reward": reward_of(*key)} | row)
+
+    runner, url = await serve({"/run": run})
+    try:
+        cfg = _cfg(tmp_path, url, "f", num_repeats=60, early_stop={"half_width": 0.2})
+        report = await collect(cfg)
+    finally:
+        await runner.cleanup()
+    skipped = read_jsonl(tmp_path / "f" / "r_skipped.jsonl")
+    assert report.failed == 1 and 0 < report.completed < 30 * 60 - 1
+    assert report.completed + len(skipped) + 1 == 30 * 60
+    assert {s["reason"] for s in skipped} == {"half-width"}
+
+
+async def test_a_resume_refolds_its_results_in_dispatch_order(
+    agent: tuple[str, list[tuple[int, int]]], tmp_path: Path
+) -> None:
+    """An earlier part got back only its right results (the wrong ones, slower, were in
+    flight when it ended): 900 straight 1s in the rollouts file. Refolded in file order they
+    would stop the agent at once on an interval near 1 (the truth is 0.5); in dispatch order
+    only the first row folds until the wrong rows dispatched between the right ones are in,
+    so the resume collects them and stops on an interleaved prefix."""
+    url, calls = agent
+    await collect(_cfg(tmp_path, url, "p", num_repeats=60))
+    rollouts = tmp_path / "p" / "r.jsonl"
+    lines = rollouts.read_bytes().splitlines(keepends=True)
+    rollouts.write_bytes(b"".join(line for line in lines if orjson.loads(line)["reward"] == 1))
+    n = len(calls)
+    cfg = _cfg(tmp_path, url, "p", num_repeats=60, early_stop={"half_width": 0.2})
+    again = await collect(cfg.model_copy(update={"resume_from_cache": True}))
+    skipped = read_jsonl(tmp_path / "p" / "r_skipped.jsonl")
+    assert 0 < again.completed == len(calls) - n < 900  # wrong rows collected, then a stop
+    assert again.completed + len(skipped) == 900
+    assert {s["reason"] for s in skipped} == {"half-width"}
+    (after,) = {s["decided_after"] for s in skipped}  # the wrong rows and the right between
+    assert again.completed < after <= 900 + again.completed
 
 
 async def test_the_embedded_pipeline_profiles_what_was_collected(

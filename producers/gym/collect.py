@@ -646,6 +646,11 @@ class _Collector:
             await self.publish(result, lineno)
             if self.skips is not None:
                 self.skips.fold(result, result)
+        if self.skips is not None:  # a resume: refolded in dispatch order, not the file's
+            waiting = {_key(row) for row in plan.todo}
+            for row in plan.rows:
+                if _key(row) not in waiting:  # its result is in, or none will come
+                    self.skips.settled(row)
         run_urls = {agent: f"{route.url}/run" for agent, route in self.routes.items()}
         bar = tqdm(
             total=len(plan.todo),
@@ -662,6 +667,8 @@ class _Collector:
                 if not self.skipped(row):
                     prior = plan.prior_failures.get(_key(row), 0)
                     await self.run_row(client, run_urls[agent_of(row)], row, prior)
+                    if self.skips is not None:  # failed for good: no result holds the fold
+                        self.skips.settled(row)
                 bar.update(1)
                 self.postfix(bar)
 
@@ -954,7 +961,7 @@ async def collect(
             run_id = cfg.kafka_run_id or default_run_id(paths.inputs, paths.rollouts.stem)
             # the processors decide when the run streams to them, else the collector alone
             follows = isinstance(sink, KafkaSink) and security is not None
-            skips = None if early is None else Skips(early, local=not follows)
+            skips = None if early is None else Skips(early, not follows, plan.rows)
             collector = _Collector(cfg, paths, sink, run_id, attempts, plan, routes, skips)
         except OSError as exc:  # files only: no network in this block
             where = exc.filename or paths.rollouts

@@ -9,7 +9,9 @@ them nothing here runs and the collection is NeMo Gym's. With them:
 - the decisions come from the stream processors of the run's group over Kafka
   (:mod:`rewardstream.sinks.topics.decisions`) when the collection streams there, else from a
   :class:`~rewardstream.processors.core.stopping.Stopper` folding the collector's own results
-  (no broker needed); the first decision for a key counts;
+  (no broker needed), each agent's in the order its rows were dispatched, whatever order the
+  results come back in (a confidence sequence needs an order its outcomes do not choose); the
+  first decision for a key counts;
 - a row a decision covers is never dispatched: it becomes a line of ``S_skipped.jsonl`` with
   its reason, and ``RunFinished.skipped`` counts them per reason.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +92,29 @@ def skipped_path(rollouts: Path) -> Path:
     return rollouts.with_name(f"{stem}_skipped.jsonl")
 
 
-class Skips:
-    """The decisions a collection honours, and the sidecar line of each row they cover."""
+def _key(row: dict[str, Any]) -> tuple[Any, Any]:
+    return row["_ng_task_index"], row["_ng_rollout_index"]
 
-    def __init__(self, early: EarlyStop, local: bool) -> None:
+
+class Skips:
+    """The decisions a collection honours, and the sidecar line of each row they cover.
+
+    Deciding alone (``local``), it folds the collector's results into a :class:`Stopper`, each
+    at its row's place in its agent's :func:`dispatch_order` of ``rows`` (the run's
+    materialized rows): the collector tells it each result (:meth:`fold`), each row a decision
+    covers (:meth:`skip`), and each row it is done with (:meth:`settled`), so a row that never
+    gets a result does not hold the agent's fold back."""
+
+    def __init__(self, early: EarlyStop, local: bool, rows: Iterable[dict[str, Any]] = ()) -> None:
         self.early = early  # what the run asked for, as RunStarted carries it
         self.stopper = Stopper(early.rule()) if local else None  # it decides alone
+        self.place: dict[tuple[Any, Any], int] = {}  # a row's place in its agent's dispatch
+        if local:
+            seen: Counter[str] = Counter()
+            for row in dispatch_order(list(rows)):
+                agent = _agent(row)
+                self.place[_key(row)] = seen[agent]
+                seen[agent] += 1
         self.decided: dict[tuple[str, int | None], Verdict] = {}  # task None: the agent's
         self.conflicts: set[tuple[str, int | None]] = set()
         self.counts: Counter[Reason] = Counter()
@@ -124,7 +143,21 @@ class Skips:
         value = None  # not a number: no rule passes over it (a bool is 0/1, as in the profile)
         if isinstance(reward, int | float) and math.isfinite(reward):
             value = float(reward)
-        for verdict in self.stopper.add(_agent(row), row["_ng_task_index"], value):
+        at = self.place.get(_key(row))
+        if at is None:  # not one of the run's rows (a foreign line of a resumed file)
+            return
+        for verdict in self.stopper.add(_agent(row), row["_ng_task_index"], value, at):
+            self.take(verdict)
+
+    def settled(self, row: dict[str, Any]) -> None:
+        """The collector is done with ``row`` (deciding alone): if no result of it was folded
+        (its attempts failed for good, its result is not kept, it was skipped or failed in an
+        earlier part of a resumed collection), it will have none, and its agent's fold goes
+        on past it."""
+        at = self.place.get(_key(row))
+        if self.stopper is None or at is None:
+            return
+        for verdict in self.stopper.lack(_agent(row), at):
             self.take(verdict)
 
     def skip(self, row: dict[str, Any]) -> bytes | None:
@@ -137,6 +170,7 @@ class Skips:
         else:
             return None
         self.counts[verdict.reason] += 1
+        self.settled(row)  # never dispatched: no result
         line = {
             "_ng_task_index": row["_ng_task_index"],
             "_ng_rollout_index": row["_ng_rollout_index"],
