@@ -3,29 +3,38 @@
     python -m bench.coverage_bench [--runs 10000] [--seed 0] [--level 0.95]
 
 A confidence sequence claims ``P(for all t: theta_t in C_t) >= level``: whoever looks after
-every rollout is still right at that rate. For each setting this simulates ``--runs``
-collections and counts the runs whose interval held the truth at *every* moment, for
+every rollout is still right at that rate, provided the order in which observations are folded
+does not depend on their outcomes. For each setting this simulates ``--runs`` collections and
+counts the runs whose interval held the truth at *every* moment, for
 
-- ``sequence``: the agent-mean sequence the processors show
-  (:func:`~rewardstream.processors.core.confseq.eb_interval`), checked after every rollout;
-- ``t@100``: a fixed-sample t-interval (mean +- t * s / sqrt(n)), checked after every 100
-  rollouts, as a live dashboard re-checking a textbook interval would (the contrast);
+- ``sequence``: the agent-mean sequence the product shows
+  (:func:`~rewardstream.processors.core.confseq.eb_interval`), folded in **dispatch order** (the
+  order rows were sent, fixed before any outcome), a prefix at a time: a result waits until
+  every row dispatched before it is in. It is checked after every item of the dispatch order,
+  which includes every moment the folded prefix grows;
+- ``arrival``: the same sequence folded in arrival order, as rewardstream did before (the
+  contrast: where wrong rollouts are slower, the right ones arrive first and the order depends
+  on the outcomes);
+- ``t@100``: a fixed-sample t-interval (mean +- t * s / sqrt(n)) over the rollouts in arrival
+  order, checked after every 100, as a live dashboard re-checking a textbook interval would
+  (the other contrast);
 - ``task``: the per-task pass-rate sequence
   (:func:`~rewardstream.processors.core.confseq.bernoulli_interval`) over each task's rollouts
   in rollout-index order, checked after every rollout (binary settings only).
 
-The truth ``theta_t`` is the average of the true task means of the rollouts arrived so far
+The truth ``theta_t`` is the average of the true task means of the rollouts folded so far
 (docs/intervals.md). Settings span binary and continuous rewards in [0, 1], overall means near
-0, in the middle and near 1, task difficulty from uniform to spread out, and two arrival
-orders: ``shuffled`` (tasks in random order) and ``collector`` (tasks in file order with 64
-rollouts in flight and latencies that depend on the outcome: a wrong rollout takes 1.5x as
-long, so the first to arrive are the right ones, as with reasoning models). Widths are
-reported as the ratio of the sequence's half-width to the t-interval's at the end of the run.
+0, in the middle and near 1, task difficulty from uniform to spread out, and three orders:
+``shuffled`` (rows dispatched in random order, arriving in that order), and two ``collector``
+settings, rows dispatched in file order at a steady rate with latencies that depend on the
+outcome, as with reasoning models: ``collector 64 x1.5`` (64 rollouts in flight, a wrong rollout
+takes 1.5x as long) and ``collector 256 x3`` (256 in flight, 3x as long). Widths are reported as
+the ratio of the sequence's half-width to the t-interval's at the end of the run.
 
 The judge (:func:`judged`) reports a finding for any setting whose ``sequence`` or ``task``
 coverage is below the level by more than the simulation's own noise (3 standard errors); its
-self-test plants an interval of half the width and shows the finding is reported
-(tests/test_coverage_bench.py).
+self-test plants an interval of half the width, and the arrival-order fold in the harsh
+collector setting, and shows both are reported (tests/test_coverage_bench.py).
 """
 
 from __future__ import annotations
@@ -52,7 +61,9 @@ TaskInterval = Callable[[I64, I64, float], tuple[F64, F64]]
 """``(successes, trials, alpha) -> (lower, upper)``, as ``bernoulli_interval``."""
 
 IN_FLIGHT, SLOWER = 64, 1.5
-"""Rollouts a collector keeps in flight; how much slower a wrong rollout is."""
+"""Rollouts a collector keeps in flight; how much slower a wrong rollout is (the default
+collector setting; :data:`SETTINGS` add a harsher one)."""
+HARSH_IN_FLIGHT, HARSH_SLOWER = 256, 3.0
 _CHUNK = 500
 
 
@@ -66,19 +77,31 @@ class Setting:
     order: Literal["shuffled", "collector"]
     tasks: int = 250
     repeats: int = 8
+    in_flight: int = IN_FLIGHT  # collector order: rollouts in flight
+    slower: float = SLOWER  # collector order: how much slower a wrong rollout is
 
     @property
     def name(self) -> str:
         spread = "spread" if self.concentration < 10 else "even"
-        return f"{self.rewards} mean {self.mean} {spread} {self.order}"
+        order = (
+            self.order
+            if self.order == "shuffled"
+            else f"collector {self.in_flight} x{self.slower:g}"
+        )
+        return f"{self.rewards} mean {self.mean} {spread} {order}"
 
 
+_ORDERS: tuple[tuple[Literal["shuffled", "collector"], int, float], ...] = (
+    ("shuffled", IN_FLIGHT, SLOWER),
+    ("collector", IN_FLIGHT, SLOWER),
+    ("collector", HARSH_IN_FLIGHT, HARSH_SLOWER),
+)
 SETTINGS = [
-    Setting(rewards, mean, k, order)
+    Setting(rewards, mean, k, order, in_flight=in_flight, slower=slower)
     for rewards in ("binary", "continuous")
     for mean in (0.02, 0.5, 0.98)
     for k in (1.0, 50.0)
-    for order in ("shuffled", "collector")
+    for order, in_flight, slower in _ORDERS
 ]
 
 
@@ -88,7 +111,8 @@ class Outcome:
 
     setting: Setting
     runs: int
-    sequence: float  # share of runs the sequence always covered
+    sequence: float  # share of runs the sequence, folded as the product does, always covered
+    arrival: float  # the same for the sequence folded in arrival order (before)
     t_every_100: float  # the same for the fixed-sample t-interval checked every 100
     task: float | None  # share of (run, task) pairs the task sequence always covered
     width_ratio: float  # the sequence's half-width over the t-interval's, at the end
@@ -113,10 +137,11 @@ def draw_rewards(
     return drawn
 
 
-def latencies(rewards: F64, rng: np.random.Generator) -> F64:
-    """How long each rollout takes: lognormal, and :data:`SLOWER` times as long when wrong
+def latencies(rewards: F64, rng: np.random.Generator, slower: float = SLOWER) -> F64:
+    """How long each rollout takes: lognormal, and ``slower`` times as long when wrong
     (reward 0; in between for continuous rewards), as with reasoning models."""
-    slowdown: F64 = rng.lognormal(0.0, 0.5, size=rewards.shape) * (1 + (SLOWER - 1) * (1 - rewards))
+    base = rng.lognormal(0.0, 0.5, size=rewards.shape)
+    slowdown: F64 = base * (1 + (slower - 1) * (1 - rewards))
     return slowdown
 
 
@@ -134,17 +159,35 @@ def simulate(
         arrival = rng.permuted(
             np.broadcast_to(np.arange(per_rollout.shape[1]), rewards.shape), axis=1
         )
-    else:  # dispatched in file order at a steady rate, IN_FLIGHT at a time on average
-        latency = latencies(rewards, rng)
-        started = np.arange(rewards.shape[1]) * (float(latency.mean()) / IN_FLIGHT)
+    else:  # dispatched in file order at a steady rate, s.in_flight at a time on average
+        latency = latencies(rewards, rng, s.slower)
+        started = np.arange(rewards.shape[1]) * (float(latency.mean()) / s.in_flight)
         arrival = np.argsort(started + latency, axis=1)
     return rewards, means, arrival.astype(np.float64)
+
+
+Fold = Callable[[Setting, F64], I64]
+"""``(setting, arrival) -> the order items are folded in`` (indices into each run's rewards)."""
+
+
+def dispatch_fold(s: Setting, arrival: F64) -> I64:
+    """The product's fold: dispatch order. The collector dispatches in file order; a shuffled
+    run dispatches in its random order (which is also its arrival order)."""
+    if s.order == "shuffled":
+        return arrival.astype(np.int64)
+    return np.broadcast_to(np.arange(arrival.shape[1], dtype=np.int64), arrival.shape)
+
+
+def arrival_fold(s: Setting, arrival: F64) -> I64:
+    """The fold rewardstream did before: arrival order (outcome-dependent in a collector)."""
+    return arrival.astype(np.int64)
 
 
 def sequence_covered(
     arrived: F64, truth: F64, alpha: float, interval: Interval = eb_interval
 ) -> Bools:
-    """Per run: did the sequence hold the running truth after every rollout?"""
+    """Per run: did the sequence over ``arrived`` (the rewards in the order folded) hold the
+    running truth after every rollout?"""
     n = np.arange(1, arrived.shape[1] + 1, dtype=np.float64)
     totals, spreads = prefix_sums(arrived)
     theta = np.cumsum(truth, axis=1) / n
@@ -184,6 +227,11 @@ def tasks_covered(
     return hit
 
 
+def _ordered(rewards: F64, truth: F64, order: I64) -> tuple[F64, F64]:
+    """Each run's rewards and true means in ``order``."""
+    return np.take_along_axis(rewards, order, axis=1), np.take_along_axis(truth, order, axis=1)
+
+
 def measure(
     s: Setting,
     runs: int,
@@ -191,22 +239,24 @@ def measure(
     seed: int,
     interval: Interval = eb_interval,
     task_interval: TaskInterval = bernoulli_interval,
+    fold: Fold = dispatch_fold,
 ) -> Outcome:
     """Simulate ``runs`` collections of setting ``s``, in chunks, and count (the intervals
-    are parameters so the self-test can plant narrower ones)."""
+    and the product's fold are parameters so the self-test can plant faults)."""
     rng = np.random.default_rng(seed)
     alpha = 1 - level
-    seq, tee, task, ratios = [], [], [], []
+    seq, late, tee, task, ratios = [], [], [], [], []
     for start in range(0, runs, _CHUNK):
         rewards, task_means, arrival = simulate(s, min(_CHUNK, runs - start), rng)
-        order = arrival.astype(np.int64)
-        arrived = np.take_along_axis(rewards, order, axis=1)
-        truth = np.take_along_axis(np.repeat(task_means, s.repeats, axis=1), order, axis=1)
-        seq.append(sequence_covered(arrived, truth, alpha, interval))
+        per_rollout = np.repeat(task_means, s.repeats, axis=1)
+        folded, folded_truth = _ordered(rewards, per_rollout, fold(s, arrival))
+        seq.append(sequence_covered(folded, folded_truth, alpha, interval))
+        arrived, truth = _ordered(rewards, per_rollout, arrival_fold(s, arrival))
+        late.append(sequence_covered(arrived, truth, alpha, interval))
         hit, t_half = t_covered(arrived, truth, alpha, every=100)
         tee.append(hit)
-        n = np.full(len(arrived), float(arrived.shape[1]))
-        totals, spreads = prefix_sums(arrived)
+        n = np.full(len(folded), float(folded.shape[1]))
+        totals, spreads = prefix_sums(folded)
         lower, upper = interval(n, totals[:, -1], spreads[:, -1], alpha)
         ratios.append((upper - lower) / 2 / np.where(t_half > 0, t_half, np.nan))
         if s.rewards == "binary":
@@ -215,6 +265,7 @@ def measure(
         s,
         runs,
         float(np.concatenate(seq).mean()),
+        float(np.concatenate(late).mean()),
         float(np.concatenate(tee).mean()),
         float(np.concatenate(task).mean()) if task else None,
         float(np.nanmedian(np.concatenate(ratios))),
@@ -239,15 +290,15 @@ def judged(outcomes: list[Outcome], level: float) -> list[str]:
 def table(outcomes: list[Outcome]) -> str:
     """The markdown table docs/intervals.md and BENCHMARKS.md quote."""
     lines = [
-        "| setting | sequence, every rollout | t-interval, every 100 | task sequence "
-        "| width vs t |",
-        "|---|---|---|---|---|",
+        "| setting | sequence, dispatch order (product) | sequence, arrival order (before) "
+        "| t-interval, every 100 | task sequence | width vs t |",
+        "|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         task = "" if o.task is None else f"{o.task:.4f}"
         lines.append(
-            f"| {o.setting.name} | {o.sequence:.4f} | {o.t_every_100:.4f} | {task} "
-            f"| {o.width_ratio:.2f}x |"
+            f"| {o.setting.name} | {o.sequence:.4f} | {o.arrival:.4f} | {o.t_every_100:.4f} "
+            f"| {task} | {o.width_ratio:.2f}x |"
         )
     return "\n".join(lines)
 
