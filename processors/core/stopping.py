@@ -159,6 +159,9 @@ class DispatchOrder(Generic[T]):
         return self._items
 
     def _settle(self, at: int, item: tuple[T, ...]) -> list[T]:
+        if at == self.next and not self._held:  # in order: the common case, no buffering
+            self.next += 1
+            return list(item)
         if at < 0:
             raise ValueError(f"a dispatch position is >= 0, got {at}")
         if at < self.next or at in self._held:
@@ -201,7 +204,9 @@ class Stopper:
         """Fold one result (``reward`` None: not a number, which no rule passes over) of the
         row at position ``at`` of ``agent``'s dispatch order."""
         rule, decided = self.rule, []
-        sums = self._tasks.setdefault((agent, task), _TaskSums())
+        sums = self._tasks.get((agent, task))
+        if sums is None:
+            sums = self._tasks[agent, task] = _TaskSums()
         value = math.nan if reward is None else reward
         sums.n += 1
         sums.total += value
@@ -209,7 +214,8 @@ class Stopper:
         if sums.open and (place := task_place(sums.total, sums.n, rule)) is not None:
             decided.append(Verdict(agent, task, place, sums.n))
             sums.open = False
-        return decided + self._fold(agent, self._queue(agent).put(at, value))
+        decided.extend(self._fold(agent, self._queue(agent).put(at, value)))
+        return decided
 
     def lack(self, agent: str, at: int) -> list[Verdict]:
         """The row at position ``at`` of ``agent``'s dispatch order will have no result."""
@@ -220,11 +226,16 @@ class Stopper:
         return self._queue(agent).held
 
     def _queue(self, agent: str) -> DispatchOrder[float]:
-        return self._order.setdefault(agent, DispatchOrder())
+        queue = self._order.get(agent)
+        if queue is None:
+            queue = self._order[agent] = DispatchOrder()
+        return queue
 
     def _fold(self, agent: str, values: list[float]) -> list[Verdict]:
         """Fold the agent's results that came out of the dispatch order; the agent rule."""
-        tally = self.agents.setdefault(agent, Tally(self.rule.lo, self.rule.hi))
+        tally = self.agents.get(agent)
+        if tally is None:
+            tally = self.agents[agent] = Tally(self.rule.lo, self.rule.hi)
         for value in values:
             tally.add(value)
         if not values or agent in self._stopped or tally.n < self._due.get(agent, 0):
