@@ -45,7 +45,7 @@ def finish(pipeline: Pipeline, run: Run) -> ProfilePaths | None:
         counts,
         cuts,
         stem,
-        agents=of_state(merged.state),
+        agents=of_state(merged.state, run.repeat_major),
         skipped=run.skipped,
     )
     pipeline.mark_final(run.run_id, done)

@@ -131,21 +131,40 @@ def test_a_summary_survives_the_member_record(tmp_path: Path) -> None:
             _close(AgentLive.from_wire(wire), live)
 
 
-def test_the_mean_interval_is_the_sequence_over_the_rollouts_as_they_came(
+def test_the_mean_interval_is_the_sequence_over_the_rows_in_dispatch_order(
     tmp_path: Path,
 ) -> None:
-    """One unit folds the rollouts in the order they came (the file's): its tally is a
-    :class:`Tally` fed that order, and the view shows its interval around the mean."""
-    expected: dict[str, Tally] = {}
-    with _pipeline(tmp_path, "one", 1) as one:
+    """The rollouts are folded in the order their rows were dispatched (the materialized
+    inputs' lines), not as they came, each partition on its own (its centres are its own
+    running mean): over four units the whole run's tally is the sum of a :class:`Tally` per
+    partition fed its rows' rewards in line order, and the view shows its interval."""
+    with _pipeline(tmp_path, "four", 4) as four:
+        run = four.runs["r"]
+        partition = {
+            int(task): name
+            for name, part in run.parts.items()
+            if name.startswith("input-")
+            for task in part.state.in_task
+        }
+        rewards = {}
         for line in (tmp_path / "data" / "r.jsonl").read_bytes().splitlines():
             row = orjson.loads(line)
-            expected.setdefault(row["agent_ref"]["name"], Tally()).add(float(row["reward"]))
-        whole = one.runs["r"].whole(0.0)
+            rewards[row["_ng_task_index"], row["_ng_rollout_index"]] = float(row["reward"])
+        parts: dict[tuple[str, str], Tally] = {}
+        for line in (tmp_path / "data" / "r_materialized_inputs.jsonl").read_bytes().splitlines():
+            row = orjson.loads(line)
+            key = (row["_ng_task_index"], row["_ng_rollout_index"])
+            agent = row["agent_ref"]["name"]
+            parts.setdefault((agent, partition[key[0]]), Tally()).add(rewards[key])
+        expected: dict[str, Tally] = {}
+        for (agent, _), tally in sorted(parts.items()):
+            expected.setdefault(agent, Tally()).merge(tally)
+        assert len({name for _, name in parts}) == 4
+        whole = run.whole(0.0)
         assert whole.keys() == expected.keys()
         for agent, tally in expected.items():
             got = whole[agent].tally
-            assert (got.n, got.outside) == (tally.n, 0)
+            assert (got.n, got.outside) == (tally.n, 0) and whole[agent].cut_at == math.inf
             assert math.isclose(got.total, tally.total, rel_tol=1e-12)
             assert math.isclose(got.spread, tally.spread, rel_tol=1e-9)
             reward = whole[agent].view(0.95)["reward"]

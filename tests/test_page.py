@@ -269,11 +269,24 @@ def test_any_processor_shows_the_whole_run(
                 assert math.isclose(reward["mean"], row["mean/reward"], rel_tol=1e-12)
                 assert math.isclose(reward["std"], row["std/reward"], rel_tol=1e-9)
                 assert (reward["min"], reward["max"]) == (row["min/reward"], row["max/reward"])
+                folded = reward["interval"]["sums"][0]  # in dispatch order, up to the cut
+                if folded > agents[name]["rollouts"] or (
+                    detail["state"] == "final" and folded != agents[name]["rollouts"]
+                ):
+                    return False
         first = details[0]["agents"]
         for other in details[1:]:
             for name, agent in other["agents"].items():
                 mine = first[name]
                 assert agent["tasks"] == mine["tasks"] and agent["rollouts"] == mine["rollouts"]
+                sums, my_sums = (
+                    agent["reward"]["interval"]["sums"],
+                    mine["reward"]["interval"]["sums"],
+                )
+                if sums[0] != my_sums[0] or not all(  # one cut, from local and sent ladders
+                    math.isclose(a, b, rel_tol=1e-9) for a, b in zip(sums, my_sums, strict=True)
+                ):
+                    return False
                 assert agent["pass_at_k"].keys() == mine["pass_at_k"].keys()
                 for k, value in agent["pass_at_k"].items():
                     assert math.isclose(value, mine["pass_at_k"][k], rel_tol=1e-12)
@@ -285,7 +298,17 @@ def test_any_processor_shows_the_whole_run(
             details = [run_detail(h.url, "w") for h in among]
             if all(d["state"] in states for d in details) and same(details):
                 return
-            shown = [(d["state"], d["rollouts"], d["agents"]) for d in details]
+            shown = [
+                (
+                    d["state"],
+                    d["rollouts"],
+                    {
+                        name: (a["rollouts"], a["tasks"]["tasks"], a["reward"]["interval"]["sums"])
+                        for name, a in d["agents"].items()
+                    },
+                )
+                for d in details
+            ]
             assert time.monotonic() < deadline, shown
             time.sleep(0.3)
 

@@ -30,7 +30,7 @@ LOCATOR_BITS = 40
 """Merged parts tag their locators with ``part << LOCATOR_BITS`` (offsets stay below 1 TiB)."""
 
 _NO_NAME = -1
-_REWARD = "reward"  # the column the confidence sequences follow
+_REWARD = "reward"  # the column the early-stop rules and the confidence sequences read
 _DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
 
 InfoBytes = bytes | bytearray | memoryview | mmap.mmap
@@ -481,8 +481,6 @@ class ProfileState:
             stats.rollouts += 1
             for j, name in enumerate(self.schemas[self.res_schema[at]][0]):
                 stats.columns.setdefault(name, Moments()).update(self.pool[start + j])
-                if name == _REWARD:
-                    stats.reward.add(self.pool[start + j])
 
     def counted(self) -> npt.NDArray[np.bool_] | None:
         """Per result, whether it is in the live figures (None: all are)."""
@@ -513,7 +511,6 @@ class ProfileState:
         base = self._folded_pool
         pool = np.frombuffer(self.pool, np.float64)[base : base + total].copy()
         self._folded, self._folded_pool = hi, base + total
-        rewards = np.full(hi - lo, np.nan)  # in arrival order, for the confidence sequences
         for ag, sc in {(int(a), int(c)) for a, c in zip(agent[keep], schema[keep], strict=True)}:
             rows = np.flatnonzero(keep & (agent == ag) & (schema == sc))
             names = self.schemas[sc][0]
@@ -526,11 +523,6 @@ class ProfileState:
                     moments.update(float(values[0, j]))
                 else:
                     moments.merge(Moments.of(values[:, j]))
-                if name == _REWARD:
-                    rewards[rows] = values[:, j]
-        for ag in np.unique(agent[keep]).tolist():  # a set built over every result: +0.4 us each
-            mine = rewards[keep & (agent == ag)]
-            self._live[self.names[ag]].reward.add_many(mine[~np.isnan(mine)])
         return self._live
 
     def rewards_from(

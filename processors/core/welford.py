@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from rewardstream.processors.core.confseq import Tally
-
 __all__ = ["Moments", "RunningStats"]
 
 
@@ -75,16 +73,13 @@ class Moments:
 
 @dataclass
 class RunningStats:
-    """Moments per column name for one agent; a rollout counts once whatever its columns.
-    ``reward`` is the reward's confidence-sequence tally, in the order rollouts were folded."""
+    """Moments per column name for one agent; a rollout counts once whatever its columns."""
 
     rollouts: int = 0
     columns: dict[str, Moments] = field(default_factory=dict)
-    reward: Tally = field(default_factory=Tally)
 
     def merge(self, other: RunningStats) -> None:
         """Chan's merge, column by column (another part's stats of the same agent)."""
         self.rollouts += other.rollouts
-        self.reward.merge(other.reward)
         for name, moments in other.columns.items():
             self.columns.setdefault(name, Moments()).merge(moments)

@@ -28,6 +28,7 @@ from rewardstream.processors.core.difference import Side
 from rewardstream.processors.core.difficulty import EDGES
 from rewardstream.processors.core.passk import curve_ks
 from rewardstream.processors.core.profile import TOKEN_BINS, TaskFigures, live_figures
+from rewardstream.processors.core.sequence import Ladder, cut, final_tallies
 from rewardstream.processors.core.state import ProfileState
 from rewardstream.processors.core.welford import Moments, RunningStats
 
@@ -66,6 +67,10 @@ class AgentLive:
     tokens: dict[int, tuple[int, float]] = field(default_factory=dict)
     spread: AgentSpread | None = None  # a whole run's (a final's) only: see the module docstring
     tally: Tally = field(default_factory=Tally)  # the mean reward's confidence sequence
+    # a part's: its sequence in dispatch order (merges cut the parts' at one key); a merge's:
+    # the key its tally is cut at (infinite: every row; None: no ladder, or no cut possible)
+    ladder: Ladder | None = None
+    cut_at: float | None = None
 
     def merge(self, other: AgentLive) -> None:
         """Add another, disjoint, set of parts (the sum has no :attr:`spread`)."""
@@ -91,7 +96,6 @@ class AgentLive:
     def of(cls, stats: RunningStats, figures: TaskFigures | None) -> AgentLive:
         reward = stats.columns.get("reward")
         out = cls(rollouts=stats.rollouts, reward=Moments(**vars(reward)) if reward else Moments())
-        out.tally = Tally(**vars(stats.reward))
         if figures is not None:
             d = figures.difficulty
             out.tasks, out.single, out.scored = d["tasks"], d["single"], d["scored"]
@@ -175,6 +179,7 @@ class AgentLive:
             passes={str(k): v for k, v in self.passes.items()},
             tokens={str(b): v for b, v in self.tokens.items()},
             tally=(t.lo, t.hi, t.n, t.total, t.spread, t.outside),
+            sequence=None if self.ladder is None else self.ladder.plain(),
         )
 
     @classmethod
@@ -201,6 +206,7 @@ class AgentLive:
             passes={int(k): v for k, v in wire.passes.items()},
             tokens={int(b): v for b, v in wire.tokens.items()},
             tally=Tally() if wire.tally is None else Tally(*wire.tally),
+            ladder=None if wire.sequence is None else Ladder(*wire.sequence),
         )
 
 
@@ -211,11 +217,15 @@ def summarize(
     return {agent: AgentLive.of(s, figures.get(agent)) for agent, s in stats.items()}
 
 
-def of_state(state: ProfileState) -> dict[str, AgentLive]:
+def of_state(state: ProfileState, repeat_major: bool = False) -> dict[str, AgentLive]:
     """Per agent, the exact summary of one state (a run's parts merged, when its final is
-    written: what every processor then shows of the done run), with its :attr:`spread`."""
+    written: what every processor then shows of the done run), with its :attr:`spread`, and
+    its sequence over every row in dispatch order (``repeat_major``: an early stop's)."""
     figures = live_figures([state], curve_ks)
     out = summarize(state.live(), figures)
+    for agent, tally in final_tallies(state, repeat_major).items():
+        if agent in out:
+            out[agent].tally = tally
     for agent, fig in figures.items():
         d = fig.difficulty
         out[agent].spread = AgentSpread(
@@ -253,12 +263,23 @@ def sides(agents: Mapping[str, AgentLive]) -> dict[str, Side]:
 
 
 def merge_agents(summaries: Iterable[Mapping[str, AgentLive]]) -> dict[str, AgentLive]:
-    """The summaries of disjoint sets of parts, merged per agent (the inputs are not changed)."""
+    """The summaries of disjoint sets of parts, merged per agent (the inputs are not changed).
+
+    An agent's tally is its parts' ladders cut at their common frontier
+    (:func:`~rewardstream.processors.core.sequence.cut`), so the sequence shown is over a prefix
+    of the run's dispatch order; an agent a ladder names with no rollout yet is left out (its
+    rows still hold the cut back)."""
     out: dict[str, AgentLive] = {}
+    ladders: dict[str, list[Ladder]] = {}
     for summary in summaries:
         for agent, live in summary.items():
             out.setdefault(agent, AgentLive()).merge(live)
-    return dict(sorted(out.items()))
+            if live.ladder is not None:
+                ladders.setdefault(agent, []).append(live.ladder)
+    for agent, held in ladders.items():
+        whole = cut(held)
+        out[agent].tally, out[agent].cut_at = (Tally(), None) if whole is None else whole
+    return {a: s for a, s in sorted(out.items()) if s.rollouts or a not in ladders}
 
 
 class History:

@@ -354,7 +354,9 @@ class Pipeline:
         for run_id, stops in self.stops.items():
             run = self.runs[run_id]
             states = {n: p.state for n, p in run.parts.items() if n.startswith("rollout-")}
-            made += [(run_id, v) for v in stops.tasks(states)]
+            tasks = stops.tasks(states)
+            run.decided_tasks.update(v.task for v in tasks if v.task is not None)
+            made += [(run_id, v) for v in tasks]
             if self.leader and stops.rule.half_width is not None:
                 whole = run.whole(self.clock(), figures=False)
                 made += [(run_id, v) for v in stops.agents({a: s.tally for a, s in whole.items()})]

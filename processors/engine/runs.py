@@ -46,8 +46,10 @@ from rewardstream.contract.events import (
     content_sum,
 )
 from rewardstream.errors import InvalidRow
+from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.passk import curve_ks
 from rewardstream.processors.core.profile import TaskFigures, live_figures
+from rewardstream.processors.core.sequence import Ladder, SequenceFold
 from rewardstream.processors.core.state import (
     LOCATOR_BITS,
     InfoBytes,
@@ -599,6 +601,14 @@ class Run:
         # all: control events), and the (task, rollout, attempt) seen, each counted once
         self.failures: dict[str, dict[str, int]] = {}
         self._failed: set[tuple[int, int, int]] = set()
+        # the sequences in dispatch order (processors.core.sequence): rows that will never
+        # have a result (failed for good), tasks an early stop decided here (their rows
+        # without a result will not have one), per partition the fold of its two parts'
+        # states, and per agent the lowest cut a merge will ask for from now on
+        self.gone: set[tuple[int, int]] = set()
+        self.decided_tasks: set[int] = set()
+        self._folds: dict[str, tuple[ProfileState, ProfileState | None, SequenceFold]] = {}
+        self._floors: dict[str, float] = {}
 
     def attempt_failed(self, event: AttemptFailed) -> None:
         key = (event.task, event.rollout, event.attempt)
@@ -606,6 +616,31 @@ class Run:
             self._failed.add(key)
             classes = self.failures.setdefault(event.agent or "", {})
             classes[event.failure_class] = classes.get(event.failure_class, 0) + 1
+        if event.terminal:
+            self.gone.add((event.task, event.rollout))
+
+    @property
+    def repeat_major(self) -> bool:
+        """Its rows go out repeat-major (an early stop's dispatch order), not in line order."""
+        return self.started is not None and self.started.early_stop is not None
+
+    def ladders(self) -> dict[str, dict[str, Ladder]]:
+        """Per input unit held here (``input-N``), per agent, the sequence of its partition's
+        rows and results in dispatch order (:class:`SequenceFold`), updated now."""
+        out = {}
+        for name, rows in self.parts.items():
+            if not name.startswith("input-") or rows.final is not None:
+                continue
+            number = name.removeprefix("input-")
+            results = self.parts.get(f"rollout-{number}")
+            states = (rows.state, None if results is None else results.state)
+            held = self._folds.get(number)
+            if held is None or held[0] is not states[0] or held[1] is not states[1]:
+                held = self._folds[number] = (*states, SequenceFold(self.repeat_major))
+            fold = held[2]
+            fold.update(states[0], states[1], self.gone, self.decided_tasks, self.rows_known)
+            out[name] = fold.ladders(self._floors)
+        return out
 
     def finish(self, skipped: Mapping[Reason, int] | None) -> None:
         """The collector is done (``run_finished``), having left out ``skipped`` rows per
@@ -728,8 +763,32 @@ class Run:
         known to every processor, even one started after it)."""
         if self.terminal is not None and self.terminal.agents is not None:
             return dict(sorted(self.terminal.agents.items()))  # as read: a merge drops spreads
-        mine = [p.summary(now, figures, len(self.parts)) for p in self.parts.values()]
-        return merge_agents([*mine, *self.foreign_live.values()])
+        ladders = self.ladders()
+        mine = [self.summary(name, now, figures, len(self.parts), ladders) for name in self.parts]
+        whole = merge_agents([*mine, *self.foreign_live.values()])
+        for agent, live in whole.items():  # no merge will ask for a lower cut from now on
+            if live.cut_at is not None:
+                self._floors[agent] = max(live.cut_at, self._floors.get(agent, -math.inf))
+        return whole
+
+    def summary(
+        self,
+        unit: str,
+        now: float,
+        figures: bool,
+        sharing: int,
+        ladders: Mapping[str, Mapping[str, Ladder]],
+    ) -> dict[str, AgentLive]:
+        """The live summary of this process's part in ``unit`` (:meth:`Part.summary`), an
+        input part's with its partition's sequences (``ladders``: :meth:`ladders`); its
+        tally is its own sequence's, to its frontier."""
+        summary = self.parts[unit].summary(now, figures, sharing)
+        for agent, ladder in ladders.get(unit, {}).items():
+            live = summary.setdefault(agent, AgentLive())
+            live.ladder = ladder
+            n, total, spread = ladder.at(math.inf)
+            live.tally = Tally(n=n, total=total, spread=spread, outside=ladder.outside)
+        return summary
 
     def task_figures(self) -> dict[str, TaskFigures]:
         """Per agent, task difficulty and pass@k sums over this process's parts (see

@@ -193,7 +193,9 @@ class Finals:
         files = [*paths, *(paths.extras() if aggregates is not None else [])]
         if run.error is not None:  # say so, keep serving
             return
-        agents = of_state(merged.state)  # exact, for every processor's page once done
+        agents = of_state(
+            merged.state, run.repeat_major
+        )  # exact: every processor shows it once done
         del merged
         counts = Pipeline.counts_by_unit(parts)
         record = self.terminal_record(

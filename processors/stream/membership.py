@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
 from rewardstream.contract.engine import MemberRecord, UnitProgress, decode_member, encode_record
+from rewardstream.processors.core.sequence import Ladder
 from rewardstream.processors.engine.live import AgentLive
 from rewardstream.processors.engine.pipeline import Pipeline, RemoteUnit
 from rewardstream.processors.engine.runs import Counts
@@ -44,6 +45,13 @@ class Membership:
         self.owners: dict[str, MemberRecord] = {}  # unit -> the member that owns it
         self.changed = True  # something a member record says changed since the last one
         self._live_dropped = False  # a record had to go without its live summaries
+        self._frontiers: dict[tuple[str, str, str], int | None] = {}  # as the last record's
+
+    def _ladders(self) -> dict[str, dict[str, dict[str, Ladder]]]:
+        """Every open run's sequences, each partition's folded once (see
+        :meth:`~rewardstream.processors.engine.runs.Run.ladders`)."""
+        runs = self.pipeline.runs
+        return {run_id: run.ladders() for run_id, run in runs.items() if run.terminal is None}
 
     def identity(self) -> dict[str, str]:
         """What a part request and a part must match: parts never cross groups or prefixes."""
@@ -57,6 +65,9 @@ class Membership:
             for unit in self.pipeline.units.values()
             for part in unit.parts.values()
         )
+        runs = self.pipeline.runs
+        ladders = self._ladders()
+        self._frontiers = _frontiers(ladders)
         for name, unit in self.pipeline.units.items():
             held = {run_id: part for run_id, part in unit.parts.items() if part.final is None}
             units[name] = UnitProgress(
@@ -67,9 +78,12 @@ class Membership:
                 },
                 live={
                     run_id: {
-                        agent: s.to_wire() for agent, s in part.summary(now, True, sharing).items()
+                        agent: s.to_wire()
+                        for agent, s in runs[run_id]
+                        .summary(name, now, True, sharing, ladders.get(run_id, {}))
+                        .items()
                     }
-                    for run_id, part in held.items()
+                    for run_id in held
                 },
             )
         data = self.units.consumer
@@ -89,7 +103,11 @@ class Membership:
         last = 0.0
         while not stop.is_set():
             now = time.monotonic()
-            if self.changed or now - last >= _MEMBER_RENEW:
+            if (
+                self.changed
+                or now - last >= _MEMBER_RENEW
+                or _frontiers(self._ladders()) != self._frontiers  # e.g. all rows known now
+            ):
                 self.changed = False
                 record = self.record()
                 raw = encode_record(record)
@@ -158,3 +176,16 @@ class Membership:
                 if record.member != self.member and name not in self.pipeline.units
             }
         )
+
+
+def _frontiers(
+    ladders: dict[str, dict[str, dict[str, Ladder]]],
+) -> dict[tuple[str, str, str], int | None]:
+    """Per (run, unit, agent), its sequence's frontier: one that moved without an event of a
+    data unit (a run_started making every row known, a failure for good) is news to peers."""
+    return {
+        (run_id, unit, agent): ladder.frontier
+        for run_id, units in ladders.items()
+        for unit, agents in units.items()
+        for agent, ladder in agents.items()
+    }

@@ -105,7 +105,10 @@ class AgentProgress(BaseModel):
     above, ``passes`` per k [sum of pass@k, tasks with k rollouts or more], ``tokens`` per
     output-token bin [rollouts, sum of their rewards], ``tally`` the reward's confidence-sequence
     sums [range low, range high, count, total, variance process, rewards outside the range]
-    (:class:`~rewardstream.processors.core.confseq.Tally`; None from an older processor)."""
+    (:class:`~rewardstream.processors.core.confseq.Tally`; None from an older processor), and
+    ``sequence`` the same sequence folded in dispatch order, for a cut at one key across parts
+    (:class:`~rewardstream.processors.core.sequence.Ladder`: [frontier, floor, base [n, total,
+    spread], keys, totals, spreads, outside]; None from an older processor)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -116,6 +119,18 @@ class AgentProgress(BaseModel):
     passes: dict[str, tuple[float, int]]
     tokens: dict[str, tuple[int, float]] = {}
     tally: tuple[float, float, int, float, float, int] | None = None
+    sequence: (
+        tuple[
+            int | None,
+            int,
+            tuple[int, float, float],
+            list[int],
+            list[float],
+            list[float],
+            int,
+        ]
+        | None
+    ) = None
 
 
 class AgentSpread(BaseModel):

@@ -1,0 +1,29 @@
+"""bench/sequence_bench.py: it runs, and a fold that stalls (a planted fault) is reported."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import sequence_bench
+from rewardstream.processors.core.sequence import SequenceFold
+
+
+def test_the_bench_folds_every_rollout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sequence_bench.main(["--tasks", "300", "--every", "100", "--runs", "1"]) == 0
+    assert "dispatch-order fold" in capsys.readouterr().out
+
+
+def test_a_stalled_fold_is_reported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    passable = SequenceFold._passable
+
+    def stalled(self: SequenceFold, rows: np.ndarray, *args: object) -> np.ndarray:
+        out: np.ndarray = passable(self, rows, *args)  # type: ignore[arg-type]
+        out[rows == 7] = False  # row 7's result never counts: the fold stops there
+        return out
+
+    monkeypatch.setattr(SequenceFold, "_passable", stalled)
+    assert sequence_bench.main(["--tasks", "300", "--every", "100", "--runs", "1"]) == 1
+    assert "FINDING: the fold saw 7 of 2400" in capsys.readouterr().err
