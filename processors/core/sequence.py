@@ -314,8 +314,8 @@ class SequenceFold:
         for name, agent in self._agents.items():
             ladder = agent.ladder
             floor = (floors or {}).get(name)
-            if floor is not None and math.isfinite(floor) and floor > ladder.floor:
-                self._raise_floor(ladder, int(floor))
+            if floor is not None and math.isfinite(floor) and floor >= ladder.floor:
+                self._raise_floor(ladder, int(floor))  # also entries folded below it since
             out[name] = ladder
         return out
 

@@ -635,7 +635,12 @@ class Run:
             results = self.parts.get(f"rollout-{number}")
             states = (rows.state, None if results is None else results.state)
             held = self._folds.get(number)
-            if held is None or held[0] is not states[0] or held[1] is not states[1]:
+            if (  # new states (a rebuild), or run_started read since: repeat-major after all
+                held is None
+                or held[0] is not states[0]
+                or held[1] is not states[1]
+                or held[2].repeat_major != self.repeat_major
+            ):
                 held = self._folds[number] = (*states, SequenceFold(self.repeat_major))
             fold = held[2]
             fold.update(states[0], states[1], self.gone, self.decided_tasks, self.rows_known)

@@ -66,6 +66,9 @@ class Membership:
             for part in unit.parts.values()
         )
         runs = self.pipeline.runs
+        for run in runs.values():  # each run's cut now: entries below it are sent no more
+            if run.terminal is None:
+                run.whole(now, figures=False)
         ladders = self._ladders()
         self._frontiers = _frontiers(ladders)
         for name, unit in self.pipeline.units.items():
