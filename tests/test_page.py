@@ -28,7 +28,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from rewardstream.contract.events import RunFinished, Topics, encode
+from rewardstream.contract.events import EventKind, RunFinished, Topics, encode
 from rewardstream.processors.http.page import HISTORY_EVERY
 from tests.golden import file_events, generated_collection
 from tests.processes import Processor, make_topics, run_detail, send_events, trickle
@@ -244,8 +244,9 @@ def test_any_processor_shows_the_whole_run(
     while not all(h.units() for h in hosts) or sum(len(h.units()) for h in hosts) != 8:
         assert time.monotonic() < deadline, [h.units() for h in hosts]
         time.sleep(0.2)
-    events = file_events(inputs, rollouts, "w", "r", False)
-    send_events(kafka_bootstrap, topics, events, "w")
+    *events, started = file_events(inputs, rollouts, "w", "r", False)
+    assert started[0] == "control"  # held back: without it the run cannot end, and the open
+    send_events(kafka_bootstrap, topics, events, "w")  # views have all the time to agree
     for h in hosts:
         h.wait(lambda runs: runs.get("w", {}).get("rollouts") == 480)
 
@@ -315,7 +316,8 @@ def test_any_processor_shows_the_whole_run(
     # each from its own parts and the other's member record; "stalled" is "open" after 60 s
     # without an event, which a loaded machine can take to get here
     until({"open", "stalled"}, hosts)
-    send_events(kafka_bootstrap, topics, [("control", encode(RunFinished(run_id="w")))], "w")
+    finished: tuple[EventKind, bytes] = ("control", encode(RunFinished(run_id="w")))
+    send_events(kafka_bootstrap, topics, [started, finished], "w")
     until({"final"}, hosts)  # from the final record
     late = Processor(
         kafka_bootstrap,

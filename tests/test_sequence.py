@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,13 +17,17 @@ from rewardstream.contract.events import RunStarted, encode
 from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.core.sequence import (
+    WIRE_BUDGET,
+    WIRE_ENTRIES,
     Ladder,
     SequenceFold,
     cut,
     dispatch_keys,
     final_tallies,
+    wire_entries,
 )
 from rewardstream.processors.core.state import ProfileState
+from rewardstream.processors.engine.live import AgentLive
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.producers.events import input_event, rollout_event
 
@@ -177,3 +182,89 @@ def test_right_first_arrivals_do_not_tilt_the_live_interval(tmp_path: Path) -> N
         assert live is None or live.lower <= 0.5 <= live.upper
     assert missed
     assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 400
+
+
+def _two_units(tmp_path: Path, expected: int) -> Pipeline:
+    """A pipeline of a group whose input topic has two partitions (others may hold one)."""
+    pipeline = Pipeline(tmp_path / "p")
+    pipeline.set_input_units(frozenset({"input-0", "input-1"}))
+    pipeline.handle(
+        "control", encode(RunStarted(run_id="r", expected_rollouts=expected, output_stem="r"))
+    )
+    return pipeline
+
+
+def _feed(pipeline: Pipeline, tmp_path: Path, line: int, agent: str, result: bool) -> None:
+    """Row ``line`` (task = line, in unit ``input-<line % 2>``) of ``agent``, and its
+    result (reward: line even) when ``result``."""
+    path, unit = tmp_path / "r.jsonl", line % 2
+    event = input_event(_row(line, 0, agent), "r", path, line + 1)
+    pipeline.handle(event.kind, event.value, f"input-{unit}")
+    if result:
+        outcome = {**_row(line, 0, agent), "reward": float(line % 2 == 0)}
+        event = rollout_event(outcome, "r", path, line + 1)
+        pipeline.handle(event.kind, event.value, f"rollout-{unit}")
+
+
+def test_a_partition_not_read_yet_holds_the_cut_at_its_start(tmp_path: Path) -> None:
+    """The even lines (partition 0) all done, partition 1 not read at all: its rows may be
+    any of the odd lines, so no row can be in the cut (before the fix: the ten even lines, a
+    tally of right answers only)."""
+    pipeline = _two_units(tmp_path, 20)
+    for line in range(0, 20, 2):
+        _feed(pipeline, tmp_path, line, "a", True)
+    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 0
+    _feed(pipeline, tmp_path, 1, "a", False)  # line 1 read, no result: lines 0 only
+    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 1
+    for line in range(1, 20, 2):
+        _feed(pipeline, tmp_path, line, "a", True)
+    whole = pipeline.runs["r"].whole(0.0)["a"]
+    assert whole.tally.n == 20 and whole.tally.total == 10
+
+
+def test_an_agent_not_seen_in_a_partition_is_bounded_by_what_it_read(tmp_path: Path) -> None:
+    """Agent b has rows only in partition 0 so far; partition 1 has read line 1 (agent a):
+    a row of b may still come to it at line 3, so b's cut stops at line 2 (before the fix:
+    past line 4)."""
+    pipeline = _two_units(tmp_path, 10)
+    _feed(pipeline, tmp_path, 0, "a", True)
+    _feed(pipeline, tmp_path, 1, "a", True)
+    _feed(pipeline, tmp_path, 2, "b", True)
+    _feed(pipeline, tmp_path, 4, "b", True)
+    assert pipeline.runs["r"].whole(0.0)["b"].tally.n == 0
+    _feed(pipeline, tmp_path, 3, "a", True)
+    assert pipeline.runs["r"].whole(0.0)["b"].tally.n == 1  # line 2; line 5 may be b's
+    for line in (5, 6, 7, 8, 9):
+        _feed(pipeline, tmp_path, line, "a", True)
+    # every row known: partition 1 has none of b's, b's cut is its own
+    assert pipeline.runs["r"].whole(0.0)["b"].tally.n == 2
+
+
+def test_units_not_known_yet_hold_every_cut(tmp_path: Path) -> None:
+    """A processor of a group that does not know its topics' partitions yet shows no row in
+    a cut (any unit may hold the earliest rows), until every row of the run is known."""
+    pipeline = _two_units(tmp_path, 2)
+    pipeline.set_input_units(frozenset())
+    _feed(pipeline, tmp_path, 0, "a", True)
+    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 0
+    _feed(pipeline, tmp_path, 1, "a", True)
+    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 2
+
+
+def test_many_ladders_fit_one_member_record() -> None:
+    """A member record holds a ladder per partition, open run and agent: with 600 of them,
+    each folded far past what a record carries, their entries stay within the budget (and
+    each is still an exact ladder: its frontier lowered to the first entry left out)."""
+    (state,) = _partitioned(2000, 1)
+    rng = np.random.default_rng(2)
+    for line in range(2000):
+        _result(state, line, 0, float(rng.random()))
+    fold = SequenceFold(False)
+    fold.update(state, state)
+    ladder = AgentLive(ladder=fold.ladders()["a"])
+    for count in (1, 30, 600):
+        entries = wire_entries(count)
+        wire = ladder.to_wire(entries)
+        assert wire.sequence is not None and len(wire.sequence[3]) == entries
+        assert wire.sequence[0] == entries <= WIRE_ENTRIES  # the first row left out
+        assert count * len(orjson.dumps(wire.sequence)) <= WIRE_BUDGET

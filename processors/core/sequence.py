@@ -29,11 +29,31 @@ import numpy as np
 from rewardstream.processors.core.confseq import Tally, prefix_sums
 from rewardstream.processors.core.state import ProfileState
 
-__all__ = ["REPEAT_BITS", "Ladder", "SequenceFold", "cut", "dispatch_keys", "final_tallies"]
+__all__ = [
+    "REPEAT_BITS",
+    "Ladder",
+    "SequenceFold",
+    "cut",
+    "dispatch_keys",
+    "final_tallies",
+    "wire_entries",
+]
 
 WIRE_ENTRIES = 256
-"""Entries a ladder carries in a member record at most (~14 KB of JSON): a cut moves up by at
-most this many of a part's rows per record, and a record stays far below its size limit."""
+"""Entries a ladder carries in a member record at most: a cut moves up by at most this many of
+a part's rows per record (every 0.5 s while it changes)."""
+WIRE_BUDGET = 256 << 10
+"""Bytes of ladder entries one member record carries at most (an entry is ~44 bytes of JSON,
+:func:`wire_entries`), half its size limit: with many runs, agents and partitions each ladder
+carries fewer entries, and the cuts move up more slowly, rather than the record going without
+its summaries."""
+ENTRY_BYTES = 48  # a JSON entry at its longest: a key and two floats of 17 digits
+
+
+def wire_entries(ladders: int) -> int:
+    """Entries each of ``ladders`` ladders carries in one member record (at least 8)."""
+    return max(8, min(WIRE_ENTRIES, WIRE_BUDGET // (ENTRY_BYTES * max(ladders, 1))))
+
 
 TASK_BITS = 40
 REPEAT_BITS = 23
@@ -146,6 +166,7 @@ class SequenceFold:
         self._pool_at = 0
         self._index = (np.empty(0, np.int64), np.empty(0, np.int64))  # sorted packed keys, ids
         self._early: dict[int, float] = {}  # results whose row has not come, by packed key
+        self._top = -1  # the highest line read (rows come in line order)
         self._came = np.zeros(0, np.bool_)
         self._value = np.zeros(0, np.float64)
 
@@ -184,6 +205,8 @@ class SequenceFold:
         lines = ProfileState.column(rows.in_order)[lo:hi]
         packed = _packed(tasks, rollouts)
         keys = dispatch_keys(tasks, rollouts, lines, self.repeat_major)
+        if len(lines):
+            self._top = max(self._top, int(lines.max()))
         ids = np.arange(lo, hi, dtype=np.int64)
         if hi > len(self._came):  # room for the new rows, doubling
             size = max(hi, 2 * len(self._came))
@@ -283,8 +306,8 @@ class SequenceFold:
             ladder.frontier = int(keys[end])
         elif rows_known:
             ladder.frontier = None
-        else:  # rows come in line order: one yet to come is after every row here
-            ladder.frontier = agent.last + 1
+        else:  # rows come in line order: one yet to come is after every row read here
+            ladder.frontier = max(agent.last, self._top) + 1
 
     def _passable(
         self,

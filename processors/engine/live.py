@@ -18,7 +18,7 @@ of two may cover only some parts.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +28,14 @@ from rewardstream.processors.core.difference import Side
 from rewardstream.processors.core.difficulty import EDGES
 from rewardstream.processors.core.passk import curve_ks
 from rewardstream.processors.core.profile import TOKEN_BINS, TaskFigures, live_figures
-from rewardstream.processors.core.sequence import Ladder, cut, final_tallies
+from rewardstream.processors.core.sequence import WIRE_ENTRIES, Ladder, cut, final_tallies
 from rewardstream.processors.core.state import ProfileState
 from rewardstream.processors.core.welford import Moments, RunningStats
 
 __all__ = [
     "AgentLive",
     "History",
+    "bounds",
     "final_agents",
     "final_figures",
     "merge_agents",
@@ -167,7 +168,8 @@ class AgentLive:
             "sums": [t.n, t.total, t.spread],
         }
 
-    def to_wire(self) -> AgentProgress:
+    def to_wire(self, entries: int = WIRE_ENTRIES) -> AgentProgress:
+        """Its wire form, its ladder with at most ``entries`` entries."""
         r, t = self.reward, self.tally
         return AgentProgress(
             rollouts=self.rollouts,
@@ -179,7 +181,7 @@ class AgentLive:
             passes={str(k): v for k, v in self.passes.items()},
             tokens={str(b): v for b, v in self.tokens.items()},
             tally=(t.lo, t.hi, t.n, t.total, t.spread, t.outside),
-            sequence=None if self.ladder is None else self.ladder.plain(),
+            sequence=None if self.ladder is None else self.ladder.plain(entries),
         )
 
     @classmethod
@@ -262,24 +264,72 @@ def sides(agents: Mapping[str, AgentLive]) -> dict[str, Side]:
     }
 
 
-def merge_agents(summaries: Iterable[Mapping[str, AgentLive]]) -> dict[str, AgentLive]:
-    """The summaries of disjoint sets of parts, merged per agent (the inputs are not changed).
+def merge_agents(
+    summaries: Mapping[str, Mapping[str, AgentLive]],
+    rows: Mapping[str, int],
+    every_input: frozenset[str] | None,
+    rows_known: bool,
+) -> dict[str, AgentLive]:
+    """The summaries of disjoint units' parts of a run (per unit name), merged per agent (the
+    inputs are not changed); ``rows``: each input unit's rows of the run as heard,
+    ``every_input``, ``rows_known``: as :func:`bounds` takes them.
 
     An agent's tally is its parts' ladders cut at their common frontier
-    (:func:`~rewardstream.processors.core.sequence.cut`), so the sequence shown is over a prefix
-    of the run's dispatch order; an agent a ladder names with no rollout yet is left out (its
-    rows still hold the cut back)."""
+    (:func:`~rewardstream.processors.core.sequence.cut`), every input unit bounding it
+    (:func:`bounds`), so the sequence shown is over a prefix of the run's dispatch order; an
+    agent a ladder names with no rollout yet is left out (its rows still hold the cut back)."""
     out: dict[str, AgentLive] = {}
-    ladders: dict[str, list[Ladder]] = {}
-    for summary in summaries:
+    for summary in summaries.values():
         for agent, live in summary.items():
             out.setdefault(agent, AgentLive()).merge(live)
-            if live.ladder is not None:
-                ladders.setdefault(agent, []).append(live.ladder)
-    for agent, held in ladders.items():
-        whole = cut(held)
+    ladders = {
+        unit: {a: s.ladder for a, s in summary.items() if s.ladder is not None}
+        for unit, summary in summaries.items()
+        if unit.startswith("input-")
+    }
+    sequenced = {agent for held in ladders.values() for agent in held}
+    for agent in sequenced:
+        whole = cut(bounds(agent, ladders, rows, every_input, rows_known))
         out[agent].tally, out[agent].cut_at = (Tally(), None) if whole is None else whole
-    return {a: s for a, s in sorted(out.items()) if s.rollouts or a not in ladders}
+    return {a: s for a, s in sorted(out.items()) if s.rollouts or a not in sequenced}
+
+
+def bounds(
+    agent: str,
+    ladders: Mapping[str, Mapping[str, Ladder]],
+    rows: Mapping[str, int],
+    every_input: frozenset[str] | None,
+    rows_known: bool,
+) -> list[Ladder]:
+    """What each input unit says of ``agent``'s rows in it: its ladder, or, from a unit
+    without one, a bound below which it holds none of them not folded.
+
+    A cut is a prefix of the dispatch order only if *every* input unit of the run is cut at
+    it, including those whose ladder is not here: a partition not read yet, an agent not seen
+    in one, a member record that went without its summaries, a rebalance under way, an older
+    peer. So a unit with ladders of other agents bounds this one at their highest frontier
+    (rows come in line order: one of this agent's yet to come is after every row read there;
+    under an early stop those frontiers are 0 until every row is known), and a unit with none
+    at 0 (nothing shown), unless every row of the run is known (``rows_known``) and it holds
+    none (``rows``). ``every_input``: every input unit of the topics (None: the units heard
+    are all there are, one pipeline reading every event; empty: not known yet, nothing cut)."""
+    units = set(ladders) | {u for u, n in rows.items() if n and u.startswith("input-")}
+    out = []
+    if every_input is not None:
+        units |= every_input
+        if not every_input and not rows_known:
+            out.append(Ladder(0))  # which units there are is not known yet
+    for unit in units:
+        held = ladders.get(unit, {})
+        if agent in held:
+            out.append(held[agent])
+        elif rows_known and (not rows.get(unit) or held):
+            continue  # every row is in: it has none of this agent's
+        elif held and all(ld.frontier is not None for ld in held.values()):
+            out.append(Ladder(max(ld.frontier for ld in held.values() if ld.frontier is not None)))
+        elif not held:
+            out.append(Ladder(0))
+    return out
 
 
 class History:

@@ -196,6 +196,10 @@ class Pipeline:
         self.rejected: list[Rejected] = []  # events for the transport to park, in order
         self.stops: dict[str, RunStops] = {}  # the open runs that asked for an early stop
         self.metrics = metrics
+        # every input unit of the topics (``input-p``) when other processors may hold some:
+        # a live cut needs a bound from each (empty: not known yet); None: this pipeline
+        # reads every event (see :func:`~rewardstream.processors.engine.live.bounds`)
+        self.input_units: frozenset[str] | None = None
 
     def close(self) -> None:
         for unit in self.units.values():
@@ -212,6 +216,7 @@ class Pipeline:
         run = self.runs.get(run_id)
         if run is None:
             run = self.runs[run_id] = Run(run_id, self.clock())
+            run.input_units = self.input_units
             run.foreign = self._foreign(run_id)
             run.foreign_live = self._foreign_live(run_id)
         return run
@@ -243,6 +248,13 @@ class Pipeline:
             for run_id in unit.parts:
                 self.runs[run_id].parts.pop(name, None)
             unit.drop()
+
+    def set_input_units(self, names: frozenset[str]) -> None:
+        """Every input unit of the topics, as the transport knows them (see
+        :attr:`input_units`)."""
+        self.input_units = names
+        for run in self.runs.values():
+            run.input_units = names
 
     def set_remote(self, units: dict[str, RemoteUnit]) -> None:
         """What the other processors of the group hold, from their member records."""

@@ -609,6 +609,9 @@ class Run:
         self.decided_tasks: set[int] = set()
         self._folds: dict[str, tuple[ProfileState, ProfileState | None, SequenceFold]] = {}
         self._floors: dict[str, float] = {}
+        # every input unit of the topics, when other processors may hold some (see
+        # :func:`~rewardstream.processors.engine.live.bounds`; the pipeline's)
+        self.input_units: frozenset[str] | None = None
 
     def attempt_failed(self, event: AttemptFailed) -> None:
         key = (event.task, event.rollout, event.attempt)
@@ -769,8 +772,12 @@ class Run:
         if self.terminal is not None and self.terminal.agents is not None:
             return dict(sorted(self.terminal.agents.items()))  # as read: a merge drops spreads
         ladders = self.ladders()
-        mine = [self.summary(name, now, figures, len(self.parts), ladders) for name in self.parts]
-        whole = merge_agents([*mine, *self.foreign_live.values()])
+        mine = {n: self.summary(n, now, figures, len(self.parts), ladders) for n in self.parts}
+        rows = {n: c.inputs for n, c in self.foreign.items()} | {
+            n: p.inputs for n, p in self.parts.items()
+        }
+        units = self.foreign_live | mine
+        whole = merge_agents(units, rows, self.input_units, self.rows_known)
         for agent, live in whole.items():  # no merge will ask for a lower cut from now on
             if live.cut_at is not None:
                 self._floors[agent] = max(live.cut_at, self._floors.get(agent, -math.inf))

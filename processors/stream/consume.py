@@ -198,6 +198,8 @@ class Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
                 pipeline.unit(units.name(tp))  # new: from the committed offset
                 loop.commits.unplaced.add(units.name(tp))
         pipeline.leader = "rollout-0" in owned  # whoever owns every unit owns it too
+        if (inputs := units.inputs()) is not None:
+            pipeline.set_input_units(inputs)
         loop.membership.changed = True
         if not owned:
             counts = (len(self.consumer.partitions_for_topic(t) or ()) for t in units.kinds)

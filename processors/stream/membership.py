@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
 from rewardstream.contract.engine import MemberRecord, UnitProgress, decode_member, encode_record
-from rewardstream.processors.core.sequence import Ladder
+from rewardstream.processors.core.sequence import Ladder, wire_entries
 from rewardstream.processors.engine.live import AgentLive
 from rewardstream.processors.engine.pipeline import Pipeline, RemoteUnit
 from rewardstream.processors.engine.runs import Counts
@@ -26,7 +26,8 @@ log = logging.getLogger(__package__)  # the processor's one logger: its lines ke
 _MEMBER_EVERY = 0.5  # seconds between member records while something changed
 _MEMBER_RENEW = 5.0  # and at least this often
 # above this a member record goes without its live summaries: Kafka's default message limit is
-# 1 MiB, and a record is ~0.5 KB per partition, open run and agent
+# 1 MiB, and a record is ~0.5 KB per partition, open run and agent, plus its ladders' entries
+# (at most processors.core.sequence.WIRE_BUDGET); peers then show no row of these runs' cuts
 _MEMBER_LIVE_BYTES = 512 << 10
 
 
@@ -71,6 +72,7 @@ class Membership:
                 run.whole(now, figures=False)
         ladders = self._ladders()
         self._frontiers = _frontiers(ladders)
+        entries = wire_entries(len(self._frontiers))
         for name, unit in self.pipeline.units.items():
             held = {run_id: part for run_id, part in unit.parts.items() if part.final is None}
             units[name] = UnitProgress(
@@ -81,7 +83,7 @@ class Membership:
                 },
                 live={
                     run_id: {
-                        agent: s.to_wire()
+                        agent: s.to_wire(entries)
                         for agent, s in runs[run_id]
                         .summary(name, now, True, sharing, ladders.get(run_id, {}))
                         .items()
@@ -165,6 +167,8 @@ class Membership:
                 if held is None or (record.generation, record.at) > (held.generation, held.at):
                     owners[name] = record
         self.owners = owners
+        if (inputs := self.units.inputs()) is not None:  # e.g. before this one is assigned
+            self.pipeline.set_input_units(inputs)
         self.pipeline.set_remote(
             {
                 name: RemoteUnit(

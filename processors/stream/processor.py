@@ -118,6 +118,7 @@ class StreamProcessor:
             clock=time.monotonic,
             level=level,
         )
+        self.pipeline.set_input_units(frozenset())  # peers may hold some: none known yet
         self.quiet_start = QuietStart()
         self.background = Background()
         self._stopped: asyncio.Future[None] | None = None  # failed with what stops it (run)

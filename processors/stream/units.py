@@ -43,6 +43,11 @@ class Units:
             return None
         return {self.name(tp) for tp in self.partitions(consumer)}
 
+    def inputs(self) -> frozenset[str] | None:
+        """Every input unit's name; None while the topics' metadata is not known yet."""
+        every = self.every()
+        return None if every is None else frozenset(n for n in every if n.startswith("input-"))
+
     async def ends(self) -> dict[str, int] | None:
         """The log end offset of every data partition, by unit name; None while the consumer
         has no metadata for a data topic yet (just after a start): a partial answer would let
