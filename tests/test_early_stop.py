@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewardstream.commands.cli import ng_reward_profile
+from rewardstream.contract.events import RowSkipped, Topics
 from rewardstream.errors import InputError
 from rewardstream.processors.core.confseq import Interval, Tally
 from rewardstream.processors.core.stopping import (
@@ -33,6 +34,7 @@ from rewardstream.producers.gym.collect import CollectConfig, collect, main
 from rewardstream.producers.gym.early_stop import EarlyStopConfig, Skips, dispatch_order
 from rewardstream.sinks.curate import Criteria, curate
 from tests.gym import read_jsonl, serve, streaming, write_problems
+from tests.topics import control_events
 
 BAND = (0.1, 0.9)
 AGENT = "arithmetic_simple_agent"  # write_problems' rows name it
@@ -483,6 +485,12 @@ async def test_the_processors_decide_and_the_collector_honours_it(
         }
         assert all(s["decided_after"] >= 2 for s in skipped)
         assert report.skipped == {"inside-band": len(skipped)}
+        # each skipped row is published, so the processors' sequences go on past it
+        control = await control_events(kafka_bootstrap, Topics.for_prefix(prefix))
+        published = [e for e in control if isinstance(e, RowSkipped)]
+        assert sorted((e.task, e.rollout, e.agent, e.reason) for e in published) == sorted(
+            (s["_ng_task_index"], s["_ng_rollout_index"], s["agent"], s["reason"]) for s in skipped
+        )
         # the streamed final is the profile of what was collected, partial, and says why
         assert report.profile is not None
         batch = tmp_path / "batch"

@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 
 import rewardstream.commands.publish
 from rewardstream.contract.events import (
-    ControlEvent,
     Input,
     Rollout,
     RunFinished,
@@ -51,6 +50,7 @@ from rewardstream.producers.publisher.publish import PublishReport, publish_file
 from rewardstream.producers.publisher.run_id import default_run_id
 from tests.golden import GOLDEN
 from tests.processes import make_topics
+from tests.topics import control_events, read_all
 
 UniqueName = Callable[[str], str]
 BLACKJACK = GOLDEN / "blackjack" / "upstream"
@@ -58,29 +58,6 @@ needs_golden = pytest.mark.skipif(not BLACKJACK.exists(), reason="no goldens")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-async def read_all(
-    bootstrap: str, topic: str, partitions: int, timeout: float = 30.0
-) -> list[ConsumerRecord]:
-    """Every record up to each partition's current end, partition by partition."""
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await consumer.start()
-    try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        records: list[ConsumerRecord] = []
-        deadline = time.monotonic() + timeout
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                assert time.monotonic() < deadline, f"stuck reading {tp}"
-                for batch in (await consumer.getmany(tp, timeout_ms=500)).values():
-                    records.extend(batch)
-        return records
-    finally:
-        await consumer.stop()
 
 
 def rows_of(path: Path) -> list[dict[str, Any]]:
@@ -326,10 +303,6 @@ def inputs_for(path: Path, tasks: int, repeats: int = 2) -> Path:
     )
     path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     return path
-
-
-async def control_events(bootstrap: str, topics: Topics) -> list[ControlEvent]:
-    return [decode_control(r.value) for r in await read_all(bootstrap, topics.control, 1)]
 
 
 @pytest.mark.kafka

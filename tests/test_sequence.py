@@ -13,7 +13,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardstream.contract.events import RunStarted, encode
+from rewardstream.contract.events import EarlyStop, RowSkipped, RunStarted, encode
 from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.core.sequence import (
@@ -93,7 +93,7 @@ def test_the_cut_is_the_tally_of_the_dispatch_prefix(
 
 
 def test_rows_that_never_get_a_result_hold_nothing_back() -> None:
-    """A row failed for good, a task an early stop skipped, and (once complete) any row left
+    """A row failed for good, a row an early stop skipped, and (once complete) any row left
     without a result are passed over; a row merely waiting holds its part's frontier."""
     (state,) = _partitioned(6, 1)
     for line in (0, 2, 4, 5):
@@ -103,7 +103,7 @@ def test_rows_that_never_get_a_result_hold_nothing_back() -> None:
     assert fold.ladders()["a"].frontier == 1 and fold.ladders()["a"].at(math.inf)[0] == 1
     fold.update(state, state, gone={(1, 0)}, rows_known=True)
     assert fold.ladders()["a"].frontier == 3
-    fold.update(state, state, gone={(1, 0)}, gone_tasks={3}, rows_known=True)
+    fold.update(state, state, gone={(1, 0), (3, 0)}, rows_known=True)
     ladder = fold.ladders()["a"]
     assert ladder.frontier is None and ladder.at(math.inf)[0] == 4
     late = SequenceFold(False)
@@ -268,3 +268,34 @@ def test_many_ladders_fit_one_member_record() -> None:
         assert wire.sequence is not None and len(wire.sequence[3]) == entries
         assert wire.sequence[0] == entries <= WIRE_ENTRIES  # the first row left out
         assert count * len(orjson.dumps(wire.sequence)) <= WIRE_BUDGET
+
+
+def test_a_decided_tasks_row_in_flight_waits_for_its_result(tmp_path: Path) -> None:
+    """Under an early stop, task 1 is decided while its third row is in flight: that row's
+    result still comes, and the sequence waits for it, so whether it counts does not depend
+    on its latency (wrong ones being slower, passing it over would lean high); the row the
+    collector skipped (``row_skipped``) holds nothing back."""
+    pipeline = Pipeline(tmp_path / "p")
+    early = EarlyStop(repeats=4, band=(0.2, 0.8))
+    started = RunStarted(run_id="r", expected_rollouts=8, output_stem="r", early_stop=early)
+    pipeline.handle("control", encode(started))
+    path = tmp_path / "r.jsonl"
+    for line, (task, rollout) in enumerate((t, r) for t in range(2) for r in range(4)):
+        event = input_event(_row(task, rollout), "r", path, line + 1)
+        pipeline.handle(event.kind, event.value, "input-0")
+
+    def result(task: int, rollout: int, reward: float) -> None:
+        event = rollout_event({**_row(task, rollout), "reward": reward}, "r", path, 1)
+        pipeline.handle(event.kind, event.value, "rollout-0")
+
+    for task, rollout, reward in ((0, 0, 1.0), (1, 0, 0.0), (0, 1, 1.0), (1, 1, 1.0)):
+        result(task, rollout, reward)
+    assert {v.task for _, v in pipeline.decide()} == {1}  # its mean is within [1/4, 3/4]
+    skipped = RowSkipped(run_id="r", task=1, rollout=3, agent="a", reason="inside-band")
+    pipeline.handle("control", encode(skipped))
+    result(0, 2, 1.0)
+    result(0, 3, 1.0)
+    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 5  # up to (1, 2), in flight
+    result(1, 2, 0.0)
+    tally = pipeline.runs["r"].whole(0.0)["a"].tally
+    assert tally.n == 7 and tally.total == 5.0  # every row but the skipped one

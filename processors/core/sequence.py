@@ -175,16 +175,14 @@ class SequenceFold:
         rows: ProfileState | None,
         results: ProfileState | None,
         gone: Collection[tuple[int, int]] = (),
-        gone_tasks: Collection[int] = (),
         rows_known: bool = False,
         complete: bool = False,
     ) -> None:
         """Read what ``rows`` (the materialized rows; always the same state) and ``results``
         gained since the last call and fold what can be. ``gone``: rows that will never have a
-        result (failed for good); ``gone_tasks``: tasks whose rows without a result will not
-        have one (an early stop skips them); ``rows_known``: every row of the run has come (so
-        a part with all its rows done holds nothing back); ``complete``: no result is still to
-        come (a final)."""
+        result (failed for good, or skipped by an early stop); ``rows_known``: every row of the
+        run has come (so a part with all its rows done holds nothing back); ``complete``: no
+        result is still to come (a final)."""
         if rows is not None and rows.num_inputs > self._rows_read:
             self._rows = rows
             self._read_rows(rows)
@@ -194,7 +192,7 @@ class SequenceFold:
             if self.repeat_major and not rows_known:  # a row yet to come may sort anywhere
                 agent.ladder.frontier = 0
             else:
-                self._advance(agent, gone, gone_tasks, rows_known, complete)
+                self._advance(agent, gone, rows_known, complete)
 
     def _read_rows(self, rows: ProfileState) -> None:
         lo, hi = self._rows_read, rows.num_inputs
@@ -267,14 +265,13 @@ class SequenceFold:
         self,
         agent: _Agent,
         gone: Collection[tuple[int, int]],
-        gone_tasks: Collection[int],
         rows_known: bool,
         complete: bool,
     ) -> None:
         rows, keys, tally, ladder = agent.rows, agent.keys, agent.tally, agent.ladder
         end, step = 0, 1024  # a growing window: each call costs what it folds, not what waits
         while end < len(rows):
-            window = self._passable(rows[end : end + step], gone, gone_tasks, complete)
+            window = self._passable(rows[end : end + step], gone, complete)
             blocked = np.flatnonzero(~window)
             if len(blocked):
                 end += int(blocked[0])
@@ -310,24 +307,17 @@ class SequenceFold:
             ladder.frontier = max(agent.last, self._top) + 1
 
     def _passable(
-        self,
-        rows: np.ndarray,
-        gone: Collection[tuple[int, int]],
-        gone_tasks: Collection[int],
-        complete: bool,
+        self, rows: np.ndarray, gone: Collection[tuple[int, int]], complete: bool
     ) -> np.ndarray:
         """Per row, whether the fold may pass it: its result came, or none ever will."""
         if complete:
             return np.ones(len(rows), np.bool_)
         passable: np.ndarray = self._came[rows]
-        if (gone or gone_tasks) and self._rows is not None:
+        if gone and self._rows is not None:
             task = ProfileState.column(self._rows.in_task)[rows]
-            if gone_tasks:
-                passable |= np.isin(task, np.fromiter(gone_tasks, np.int64, len(gone_tasks)))
-            if gone:
-                rollout = ProfileState.column(self._rows.in_rollout)[rows]
-                pairs = np.array(list(gone), np.int64).reshape(-1, 2)
-                passable |= np.isin(_packed(task, rollout), _packed(pairs[:, 0], pairs[:, 1]))
+            rollout = ProfileState.column(self._rows.in_rollout)[rows]
+            pairs = np.array(list(gone), np.int64).reshape(-1, 2)
+            passable |= np.isin(_packed(task, rollout), _packed(pairs[:, 0], pairs[:, 1]))
         return passable
 
     def ladders(self, floors: Mapping[str, float] | None = None) -> dict[str, Ladder]:

@@ -39,6 +39,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from rewardstream.contract.events import (
+    AttemptFailed,
     EventKind,
     Input,
     RejectReason,
@@ -339,8 +340,10 @@ class Pipeline:
                         self._reject(kind, "unknown-run", raw, detail, offset)
                         return None
                     self.run(run_id).finish(control.skipped)
-                else:
+                elif isinstance(control, AttemptFailed):
                     self.run(run_id).attempt_failed(control)
+                else:
+                    self.run(run_id).row_skipped(control)
         except (ValidationError, RewardstreamError, ValueError) as exc:
             detail = " ".join(str(exc).split())[:500]
             self._reject(kind, reject_reason(exc), raw, detail, offset)
@@ -367,7 +370,6 @@ class Pipeline:
             run = self.runs[run_id]
             states = {n: p.state for n, p in run.parts.items() if n.startswith("rollout-")}
             tasks = stops.tasks(states)
-            run.decided_tasks.update(v.task for v in tasks if v.task is not None)
             made += [(run_id, v) for v in tasks]
             if self.leader and stops.rule.half_width is not None:
                 whole = run.whole(self.clock(), figures=False)

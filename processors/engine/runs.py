@@ -41,6 +41,7 @@ from rewardstream.contract.events import (
     AttemptFailed,
     Input,
     Rollout,
+    RowSkipped,
     RunStarted,
     content_digest,
     content_sum,
@@ -602,11 +603,10 @@ class Run:
         self.failures: dict[str, dict[str, int]] = {}
         self._failed: set[tuple[int, int, int]] = set()
         # the sequences in dispatch order (processors.core.sequence): rows that will never
-        # have a result (failed for good), tasks an early stop decided here (their rows
-        # without a result will not have one), per partition the fold of its two parts'
-        # states, and per agent the lowest cut a merge will ask for from now on
+        # have a result (failed for good, or skipped by an early stop: not a row in flight
+        # when its task was decided), per partition the fold of its two parts' states, and per
+        # agent the lowest cut a merge will ask for from now on
         self.gone: set[tuple[int, int]] = set()
-        self.decided_tasks: set[int] = set()
         self._folds: dict[str, tuple[ProfileState, ProfileState | None, SequenceFold]] = {}
         self._floors: dict[str, float] = {}
         # every input unit of the topics, when other processors may hold some (see
@@ -621,6 +621,10 @@ class Run:
             classes[event.failure_class] = classes.get(event.failure_class, 0) + 1
         if event.terminal:
             self.gone.add((event.task, event.rollout))
+
+    def row_skipped(self, event: RowSkipped) -> None:
+        """An early stop left the row out: it will have no result."""
+        self.gone.add((event.task, event.rollout))
 
     @property
     def repeat_major(self) -> bool:
@@ -646,7 +650,7 @@ class Run:
             ):
                 held = self._folds[number] = (*states, SequenceFold(self.repeat_major))
             fold = held[2]
-            fold.update(states[0], states[1], self.gone, self.decided_tasks, self.rows_known)
+            fold.update(states[0], states[1], self.gone, self.rows_known)
             out[name] = fold.ladders(self._floors)
         return out
 

@@ -63,6 +63,7 @@ from rewardstream.contract.events import (
     ControlEvent,
     EarlyStop,
     EventKind,
+    RowSkipped,
     RunFinished,
     RunStarted,
     Topics,
@@ -664,7 +665,7 @@ class _Collector:
 
         async def worker() -> None:
             for row in todo:
-                if not self.skipped(row):
+                if not await self.skipped(row):
                     prior = plan.prior_failures.get(_key(row), 0)
                     await self.run_row(client, run_urls[agent_of(row)], row, prior)
                     if self.skips is not None:  # failed for good: no result holds the fold
@@ -683,14 +684,20 @@ class _Collector:
             skipped = dict(self.skips.counts) if self.skips and self.skips.counts else None
             await _control(sink, RunFinished(run_id=self.run_id, skipped=skipped))
 
-    def skipped(self, row: dict[str, Any]) -> bool:
-        """Whether a decision covers the row: then its sidecar line is written, not run."""
+    async def skipped(self, row: dict[str, Any]) -> bool:
+        """Whether a decision covers the row: then its sidecar line is written, and published
+        (the processors' sequences go on past it), not run."""
         if self.skips is None or self._skipped is None:
             return False
         line = self.skips.skip(row)
-        if line is not None:
-            _write_line(self._skipped, self.paths.skipped, line)
-        return line is not None
+        if line is None:
+            return False
+        _write_line(
+            self._skipped, self.paths.skipped, orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+        )
+        if self.sink is not None:
+            await _control(self.sink, _skipped_event(line, self.run_id))
+        return True
 
     def keep(self, result: dict[str, Any]) -> None:
         """Hold what ``/aggregate_metrics`` is sent (docs/nemo-gym-compat.md §Aggregate
@@ -857,6 +864,17 @@ def _failed_event(failed: dict[str, Any], run_id: str) -> AttemptFailed:
         agent=agent or None,
         failure_class=cls if word and isinstance(cls, str) else "other",
         terminal=bool(failed.get("_ng_failure_terminal")),
+    )
+
+
+def _skipped_event(line: dict[str, Any], run_id: str) -> RowSkipped:
+    """The wire event of a ``_skipped.jsonl`` line."""
+    return RowSkipped(
+        run_id=run_id,
+        task=line["_ng_task_index"],
+        rollout=line["_ng_rollout_index"],
+        agent=line["agent"] or None,
+        reason=line["reason"],
     )
 
 

@@ -160,7 +160,7 @@ class Skips:
         for verdict in self.stopper.lack(_agent(row), at):
             self.take(verdict)
 
-    def skip(self, row: dict[str, Any]) -> bytes | None:
+    def skip(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The sidecar line of ``row`` when a decision covers it (counted), else None."""
         agent = _agent(row)
         for key in ((agent, None), (agent, row["_ng_task_index"])):
@@ -171,7 +171,7 @@ class Skips:
             return None
         self.counts[verdict.reason] += 1
         self.settled(row)  # never dispatched: no result
-        line = {
+        return {
             "_ng_task_index": row["_ng_task_index"],
             "_ng_rollout_index": row["_ng_rollout_index"],
             "agent": agent,
@@ -179,7 +179,6 @@ class Skips:
             "decided_after": verdict.rollouts,
             "early_stop": self.rule,
         }
-        return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def _named(early: EarlyStop) -> dict[str, Any]:

@@ -12,7 +12,8 @@ flags and values, its ``rollout_infos`` entry, its mask flag): extraction happen
 full row is, and the processor only appends numbers. The full row stays in rollouts.jsonl.
 
 Each event is defined once, as a msgspec struct (:class:`Input`, :class:`Rollout`,
-:class:`RunStarted`, :class:`RunFinished`, :class:`AttemptFailed`) that is at the same time its
+:class:`RunStarted`, :class:`RunFinished`, :class:`AttemptFailed`, :class:`RowSkipped`) that is
+at the same time its
 schema (the rules are its field types; ``msgspec.json.schema(Rollout)`` writes them as JSON
 Schema), the type the processor applies, and what :func:`encode` writes. Decoding is on the
 processor's hot path: msgspec's compiled decoder parses and checks a rollout event in one pass.
@@ -65,6 +66,7 @@ __all__ = [
     "RejectReason",
     "Rollout",
     "RolloutRecord",
+    "RowSkipped",
     "RunFinished",
     "RunStarted",
     "Topics",
@@ -379,13 +381,31 @@ class AttemptFailed(_Event, kw_only=True):
     terminal: bool = False
 
 
-Event = Input | Rollout | RunStarted | RunFinished | AttemptFailed
-ControlEvent = RunStarted | RunFinished | AttemptFailed
-_E = TypeVar("_E", Input, Rollout, RunStarted, RunFinished, AttemptFailed)
+class RowSkipped(_Event, kw_only=True):
+    """A row an early stop left out (``type: "row_skipped"``): never dispatched, it will have
+    no result, so the live sequences in dispatch order go on past it (docs/intervals.md); the
+    collector's ``_skipped.jsonl`` line. A row in flight when its task was decided is not one:
+    its result counts wherever its latency puts it.
+
+    - ``task``, ``rollout``: the row's key; ``agent``: its agent's name (null: none);
+    - ``reason``: the decision that covered it (docs/early-stop.md).
+    """
+
+    type: Literal["row_skipped"] = "row_skipped"
+    task: _Int64
+    rollout: _Int64
+    agent: str | None = None
+    reason: Reason
+
+
+Event = Input | Rollout | RunStarted | RunFinished | AttemptFailed | RowSkipped
+ControlEvent = RunStarted | RunFinished | AttemptFailed | RowSkipped
+_E = TypeVar("_E", Input, Rollout, RunStarted, RunFinished, AttemptFailed, RowSkipped)
 _CONTROL: dict[object, type[ControlEvent]] = {
     "run_started": RunStarted,
     "run_finished": RunFinished,
     "attempt_failed": AttemptFailed,
+    "row_skipped": RowSkipped,
 }
 _ID_FIELDS: dict[type[_Event], tuple[str, ...]] = {
     Input: ("run_id",),
@@ -393,6 +413,7 @@ _ID_FIELDS: dict[type[_Event], tuple[str, ...]] = {
     RunStarted: ("run_id",),
     RunFinished: ("run_id",),
     AttemptFailed: ("run_id", "task", "rollout"),
+    RowSkipped: ("run_id", "task", "rollout"),
 }
 assert RolloutRecord.__struct_fields__ == ResultRecord._fields  # field for field
 
@@ -596,6 +617,7 @@ _DECODERS: dict[type[_Event], Callable[[bytes], _Event]] = {
     RunStarted: decode_control,
     RunFinished: decode_control,
     AttemptFailed: decode_control,
+    RowSkipped: decode_control,
 }
 
 
