@@ -12,6 +12,11 @@ batches, is what the processors did before: :meth:`Tally.add_many` over each bat
 in arrival order (an interval that right-first arrivals tilt). Reported: microseconds per
 rollout of each, their ratio, and whether the fold saw every row (a fold that stalls or skips
 one fails the run, exit 1).
+
+Then an update with nothing new, as every summary makes between results, with ``--gone`` rows
+(of ``tasks x repeats``) that will never have a result (failed for good, skipped) and a row
+still waiting before them: microseconds per update, and its ratio to the floor's cost per
+batch in the first run (a no-op update must not cost what is gone: a finding above 1).
 """
 
 from __future__ import annotations
@@ -79,6 +84,26 @@ def measure(
     }
 
 
+def idle(tasks: int, repeats: int, gone_rows: int, updates: int = 20) -> float:
+    """Seconds an update with nothing new takes (the median of ``updates``), with
+    ``gone_rows`` rows gone after row 0, which is still waiting (so nothing is folded)."""
+    state = ProfileState()
+    n = tasks * repeats
+    for line in range(n):
+        row = {"_ng_task_index": line // repeats, "_ng_rollout_index": line % repeats}
+        state.add_input({**row, "agent_ref": {"name": "a"}}, 0, line)
+    gone = [divmod(line, repeats) for line in range(1, 1 + min(gone_rows, n - 1))]
+    fold = SequenceFold(False)
+    fold.update(state, state, gone, rows_known=True)  # reads them: once
+    took = []
+    for _ in range(updates):
+        began = time.perf_counter()
+        fold.update(state, state, gone, rows_known=True)
+        fold.ladders({"a": 0.0})
+        took.append(time.perf_counter() - began)
+    return float(np.median(took))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=25_000)
@@ -86,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-flight", type=int, default=256)
     ap.add_argument("--every", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--gone", type=int, default=100_000)
     args = ap.parse_args(argv)
     runs = [
         measure(args.tasks, args.repeats, args.in_flight, args.every, seed)
@@ -102,7 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     short = [r for r in runs if r["folded"] != r["rollouts"]]
     for r in short:
         print(f"FINDING: the fold saw {r['folded']} of {r['rollouts']} rollouts", file=sys.stderr)
-    return 1 if short else 0
+    batch = runs[0]["floor_us"] * min(args.every, runs[0]["rollouts"]) / 1e6  # s per batch
+    gone = min(args.gone, args.tasks * args.repeats - 1)
+    still = idle(args.tasks, args.repeats, gone)
+    print(
+        f"an update with nothing new, {gone:,} rows gone: {1e6 * still:.1f} us, "
+        f"{still / batch:.2f} x the floor's cost per batch of {args.every}"
+    )
+    if still > batch:
+        print("FINDING: a no-op update costs more than the floor's batch", file=sys.stderr)
+    return 1 if short or still > batch else 0
 
 
 if __name__ == "__main__":

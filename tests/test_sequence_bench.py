@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -27,3 +29,22 @@ def test_a_stalled_fold_is_reported(
     monkeypatch.setattr(SequenceFold, "_passable", stalled)
     assert sequence_bench.main(["--tasks", "300", "--every", "100", "--runs", "1"]) == 1
     assert "FINDING: the fold saw 7 of 2400" in capsys.readouterr().err
+
+
+def test_a_costly_idle_update_is_reported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An update with nothing new is timed against the floor; one that costs what is gone
+    (planted: 2 ms per window, as rebuilding the gone rows' arrays cost) is a finding."""
+    assert sequence_bench.main(["--tasks", "300", "--every", "100", "--runs", "1"]) == 0
+    assert "an update with nothing new, 2,399 rows gone" in capsys.readouterr().out
+    passable = SequenceFold._passable
+
+    def costly(self: SequenceFold, rows: np.ndarray, *args: object) -> np.ndarray:
+        time.sleep(0.002)
+        out: np.ndarray = passable(self, rows, *args)  # type: ignore[arg-type]
+        return out
+
+    monkeypatch.setattr(SequenceFold, "_passable", costly)
+    assert sequence_bench.main(["--tasks", "300", "--every", "100", "--runs", "1"]) == 1
+    assert "FINDING: a no-op update costs more" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left
-from collections.abc import Collection, Iterable, Mapping, MutableSequence
+from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,12 +155,13 @@ class SequenceFold:
     A row's id is its place in the rows' state; per id, whether its result came and its
     reward (NaN: none, or masked). Results find their row by ``(task, rollout)`` in a sorted
     index (rows come in line order, so it only grows at its end); one that comes before its
-    row waits for it. All of it is vectorized: per result and row, a few array operations."""
+    row waits for it. All of it is vectorized: per result and row, a few array operations.
+    Rows that will never have a result are flags too, set once per row as the append-only
+    ``gone`` grows: an update costs what came since, not what is gone."""
 
     def __init__(self, repeat_major: bool, lo: float = 0.0, hi: float = 1.0) -> None:
         self.repeat_major, self.lo, self.hi = repeat_major, lo, hi
         self._agents: dict[str, _Agent] = {}
-        self._rows: ProfileState | None = None
         self._rows_read = 0
         self._results_read = 0
         self._pool_at = 0
@@ -168,31 +169,40 @@ class SequenceFold:
         self._early: dict[int, float] = {}  # results whose row has not come, by packed key
         self._top = -1  # the highest line read (rows come in line order)
         self._came = np.zeros(0, np.bool_)
+        self._gone = np.zeros(0, np.bool_)  # per id: it will never have a result
+        self._gone_read = 0  # items of ``gone`` applied
+        self._early_gone: set[int] = set()  # gone rows that have not come, by packed key
         self._value = np.zeros(0, np.float64)
 
     def update(
         self,
         rows: ProfileState | None,
         results: ProfileState | None,
-        gone: Collection[tuple[int, int]] = (),
+        gone: Sequence[tuple[int, int]] = (),
         rows_known: bool = False,
         complete: bool = False,
     ) -> None:
-        """Read what ``rows`` (the materialized rows; always the same state) and ``results``
-        gained since the last call and fold what can be. ``gone``: rows that will never have a
-        result (failed for good, or skipped by an early stop); ``rows_known``: every row of the
-        run has come (so a part with all its rows done holds nothing back); ``complete``: no
-        result is still to come (a final)."""
+        """Read what ``rows`` (the materialized rows; always the same state), ``results`` and
+        ``gone`` gained since the last call and fold what can be. ``gone``: ``(task, rollout)``
+        of rows that will never have a result (failed for good, skipped by an early stop),
+        append-only (only its items past those of the last call are read); ``rows_known``:
+        every row of the run has come (so a part with all its rows done holds nothing back);
+        ``complete``: no result is still to come (a final, or every event of a finished run
+        consumed): every row is passed."""
         if rows is not None and rows.num_inputs > self._rows_read:
-            self._rows = rows
             self._read_rows(rows)
         if results is not None and results.num_results > self._results_read:
             self._read_results(results)
+        if len(gone) > self._gone_read:
+            self._read_gone(gone[self._gone_read :])
+            self._gone_read = len(gone)
+        if rows_known:  # no row is still to come: the pairs waiting are other partitions'
+            self._early_gone.clear()
         for agent in self._agents.values():
-            if self.repeat_major and not rows_known:  # a row yet to come may sort anywhere
+            if self.repeat_major and not rows_known and not complete:  # may sort anywhere
                 agent.ladder.frontier = 0
             else:
-                self._advance(agent, gone, rows_known, complete)
+                self._advance(agent, rows_known, complete)
 
     def _read_rows(self, rows: ProfileState) -> None:
         lo, hi = self._rows_read, rows.num_inputs
@@ -209,6 +219,7 @@ class SequenceFold:
         if hi > len(self._came):  # room for the new rows, doubling
             size = max(hi, 2 * len(self._came))
             self._came = np.concatenate([self._came, np.zeros(size - len(self._came), np.bool_)])
+            self._gone = np.concatenate([self._gone, np.zeros(size - len(self._gone), np.bool_)])
             self._value = np.concatenate([self._value, np.full(size - len(self._value), np.nan)])
         usable = (packed >= 0) & (keys >= 0) & (agents >= 0)
         self._add_to_index(packed[usable], ids[usable])
@@ -216,6 +227,11 @@ class SequenceFold:
             for row, key in zip(ids[usable].tolist(), packed[usable].tolist(), strict=True):
                 if (reward := self._early.pop(key, None)) is not None:
                     self._came[row], self._value[row] = True, reward
+        if self._early_gone:  # rows said to be gone before they came
+            new = packed[usable]
+            hit = np.isin(new, np.fromiter(self._early_gone, np.int64, len(self._early_gone)))
+            self._gone[ids[usable][hit]] = True
+            self._early_gone.difference_update(new[hit].tolist())
         for ident in np.unique(agents[usable]).tolist():
             agent = self._agents.setdefault(
                 rows.names[ident], _Agent(tally=Tally(self.lo, self.hi))
@@ -261,17 +277,25 @@ class SequenceFold:
                 zip(packed[waiting].tolist(), rewards[waiting].tolist(), strict=True)
             )
 
-    def _advance(
-        self,
-        agent: _Agent,
-        gone: Collection[tuple[int, int]],
-        rows_known: bool,
-        complete: bool,
-    ) -> None:
+    def _read_gone(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Flag the rows of ``pairs`` (new items of ``gone``) as never to have a result; a
+        pair whose row has not come waits for it."""
+        array_ = np.array(pairs, np.int64).reshape(-1, 2)
+        packed = _packed(array_[:, 0], array_[:, 1])
+        packed = packed[packed >= 0]
+        keys, held = self._index
+        if len(keys):
+            at = np.minimum(np.searchsorted(keys, packed), len(keys) - 1)
+            found = keys[at] == packed
+            self._gone[held[at[found]]] = True
+            packed = packed[~found]
+        self._early_gone.update(packed.tolist())
+
+    def _advance(self, agent: _Agent, rows_known: bool, complete: bool) -> None:
         rows, keys, tally, ladder = agent.rows, agent.keys, agent.tally, agent.ladder
         end, step = 0, 1024  # a growing window: each call costs what it folds, not what waits
         while end < len(rows):
-            window = self._passable(rows[end : end + step], gone, complete)
+            window = self._passable(rows[end : end + step], complete)
             blocked = np.flatnonzero(~window)
             if len(blocked):
                 end += int(blocked[0])
@@ -306,18 +330,11 @@ class SequenceFold:
         else:  # rows come in line order: one yet to come is after every row read here
             ladder.frontier = max(agent.last, self._top) + 1
 
-    def _passable(
-        self, rows: np.ndarray, gone: Collection[tuple[int, int]], complete: bool
-    ) -> np.ndarray:
+    def _passable(self, rows: np.ndarray, complete: bool) -> np.ndarray:
         """Per row, whether the fold may pass it: its result came, or none ever will."""
         if complete:
             return np.ones(len(rows), np.bool_)
-        passable: np.ndarray = self._came[rows]
-        if gone and self._rows is not None:
-            task = ProfileState.column(self._rows.in_task)[rows]
-            rollout = ProfileState.column(self._rows.in_rollout)[rows]
-            pairs = np.array(list(gone), np.int64).reshape(-1, 2)
-            passable |= np.isin(_packed(task, rollout), _packed(pairs[:, 0], pairs[:, 1]))
+        passable: np.ndarray = self._came[rows] | self._gone[rows]
         return passable
 
     def ladders(self, floors: Mapping[str, float] | None = None) -> dict[str, Ladder]:

@@ -604,9 +604,11 @@ class Run:
         self._failed: set[tuple[int, int, int]] = set()
         # the sequences in dispatch order (processors.core.sequence): rows that will never
         # have a result (failed for good, or skipped by an early stop: not a row in flight
-        # when its task was decided), per partition the fold of its two parts' states, and per
-        # agent the lowest cut a merge will ask for from now on
-        self.gone: set[tuple[int, int]] = set()
+        # when its task was decided; append-only, a fold reads only what it has not), per
+        # partition the fold of its two parts' states, and per agent the lowest cut a merge
+        # will ask for from now on
+        self.gone: list[tuple[int, int]] = []
+        self._gone: set[tuple[int, int]] = set()
         self._folds: dict[str, tuple[ProfileState, ProfileState | None, SequenceFold]] = {}
         self._floors: dict[str, float] = {}
         # every input unit of the topics, when other processors may hold some (see
@@ -620,11 +622,16 @@ class Run:
             classes = self.failures.setdefault(event.agent or "", {})
             classes[event.failure_class] = classes.get(event.failure_class, 0) + 1
         if event.terminal:
-            self.gone.add((event.task, event.rollout))
+            self._went((event.task, event.rollout))
 
     def row_skipped(self, event: RowSkipped) -> None:
         """An early stop left the row out: it will have no result."""
-        self.gone.add((event.task, event.rollout))
+        self._went((event.task, event.rollout))
+
+    def _went(self, key: tuple[int, int]) -> None:
+        if key not in self._gone:
+            self._gone.add(key)
+            self.gone.append(key)
 
     @property
     def repeat_major(self) -> bool:
