@@ -12,10 +12,21 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewardstream.contract.events import EarlyStop, RowSkipped, RunStarted, encode
+from rewardstream.contract.events import (
+    AttemptFailed,
+    EarlyStop,
+    EventKind,
+    RowSkipped,
+    RunFinished,
+    RunStarted,
+    decode_control,
+    encode,
+)
 from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.core.sequence import (
@@ -31,7 +42,12 @@ from rewardstream.processors.core.sequence import (
 from rewardstream.processors.core.state import ProfileState
 from rewardstream.processors.engine.live import AgentLive
 from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.inprocess import PipelineSink
 from rewardstream.producers.events import input_event, rollout_event
+from rewardstream.producers.gym.collect import CollectConfig, collect
+from tests.gym import serve, write_problems
+
+AGENT = "arithmetic_simple_agent"  # write_problems' rows name it
 
 
 def _row(task: int, rollout: int, agent: str = "a") -> dict[str, object]:
@@ -361,3 +377,101 @@ def test_a_decided_tasks_row_in_flight_waits_for_its_result(tmp_path: Path) -> N
     result(1, 2, 0.0)
     tally = pipeline.runs["r"].whole(0.0)["a"].tally
     assert tally.n == 7 and tally.total == 5.0  # every row but the skipped one
+
+
+# ------------------------------------------------- rows that will never have a result, live
+
+
+class _LiveAtFinish(PipelineSink):
+    """The in-process pipeline, and the run's live view just before ``run_finished`` is read:
+    every other event of the run is in then."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        super().__init__(pipeline)
+        self.live: dict[str, AgentLive] | None = None
+        self.failed: list[AttemptFailed] = []
+
+    async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
+        if kind == "control":
+            event = decode_control(value)
+            if isinstance(event, RunFinished):
+                self.live = self.pipeline.runs[event.run_id].whole(0.0)
+            elif isinstance(event, AttemptFailed):
+                self.failed.append(event)
+        return await super().send(kind, key, value, where)
+
+
+async def test_every_row_without_a_result_is_gone_before_the_run_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Task 0's rows fail every attempt (HTTP 500, retried), task 1's agent replies with a
+    failure result (``_ng_failure_class``), task 2's with one written nowhere
+    (``_ng_no_persist``): none will have a result, and each is known gone, so the live
+    sequence folds every result there is before the run ends (it stopped at line 0 until the
+    final). Task 3's rows fail once and then succeed: no event calls them gone."""
+    monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "2")
+    tried: set[tuple[int, int]] = set()
+
+    async def run(request: web.Request) -> web.Response:
+        row = orjson.loads(await request.read())
+        key = (row["_ng_task_index"], row["_ng_rollout_index"])
+        first = key not in tried
+        tried.add(key)
+        if key[0] == 0 or (key[0] == 3 and first):
+            return web.json_response({"error": "busy"}, status=500)
+        reply = {"response": {}, "reward": 1.0} | row
+        if key[0] == 1:
+            reply["_ng_failure_class"] = "tool_crashed"
+        elif key[0] == 2:
+            reply["_ng_no_persist"] = True
+        return web.json_response(reply)
+
+    runner, url = await serve({"/run": run})
+    src = write_problems(tmp_path / "problems.jsonl", 6)
+    cfg = CollectConfig.model_validate(
+        {
+            "input_jsonl_fpath": src,
+            "output_jsonl_fpath": tmp_path / "out" / "r.jsonl",
+            "agent_url": url,
+            "num_repeats": 2,
+            "disable_aggregation": True,
+            "retry_backoff_s": 0,
+            "quiet": True,
+        }
+    )
+    try:
+        with Pipeline(tmp_path / "state") as pipeline:
+            sink = _LiveAtFinish(pipeline)
+            report = await collect(cfg, sink)
+    finally:
+        await runner.cleanup()
+    assert report.completed == 6 * 2 - 3 * 2
+    assert sink.live is not None
+    tally = sink.live[AGENT].tally
+    assert tally.n == report.completed and tally.total == report.completed
+    terminal = {(e.task, e.rollout, e.failure_class) for e in sink.failed if e.terminal}
+    assert terminal == {
+        *((0, r, "agent_run_error") for r in range(2)),
+        *((1, r, "tool_crashed") for r in range(2)),
+        *((2, r, "no_persist") for r in range(2)),
+    }
+    assert {(e.task, e.terminal) for e in sink.failed if e.task == 3} == {(3, False)}
+
+
+def test_a_finished_run_passes_every_row_once_its_events_are_in(tmp_path: Path) -> None:
+    """A row whose result never came and that no event calls gone (a collector of an older
+    version): once ``run_finished`` is read and every event is in, none will come, and the
+    live sequence folds every result there is, as the final will."""
+    pipeline = Pipeline(tmp_path / "p")
+    started = RunStarted(run_id="r", expected_rollouts=3, output_stem="r")
+    pipeline.handle("control", encode(started))
+    path = tmp_path / "r.jsonl"
+    for line in range(3):
+        event = input_event(_row(line, 0), "r", path, line + 1)
+        pipeline.handle(event.kind, event.value, "input-0")
+    for line in (1, 2):
+        event = rollout_event({**_row(line, 0), "reward": 1.0}, "r", path, line)
+        pipeline.handle(event.kind, event.value, "rollout-0")
+    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 0  # row 0 may still come
+    pipeline.handle("control", encode(RunFinished(run_id="r")))
+    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 2

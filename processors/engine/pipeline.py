@@ -218,6 +218,7 @@ class Pipeline:
         if run is None:
             run = self.runs[run_id] = Run(run_id, self.clock())
             run.input_units = self.input_units
+            run.positions = self.positions
             run.foreign = self._foreign(run_id)
             run.foreign_live = self._foreign_live(run_id)
         return run

@@ -614,6 +614,8 @@ class Run:
         # every input unit of the topics, when other processors may hold some (see
         # :func:`~rewardstream.processors.engine.live.bounds`; the pipeline's)
         self.input_units: frozenset[str] | None = None
+        # the next offset to consume per unit (the pipeline's: Pipeline.positions)
+        self.positions: Callable[[], Mapping[str, int]] = dict
 
     def attempt_failed(self, event: AttemptFailed) -> None:
         key = (event.task, event.rollout, event.attempt)
@@ -657,9 +659,19 @@ class Run:
             ):
                 held = self._folds[number] = (*states, SequenceFold(self.repeat_major))
             fold = held[2]
-            fold.update(states[0], states[1], self.gone, self.rows_known)
+            done = self.consumed((name, f"rollout-{number}"))
+            fold.update(states[0], states[1], self.gone, self.rows_known, done)
             out[name] = fold.ladders(self._floors)
         return out
+
+    def consumed(self, units: Iterable[str]) -> bool:
+        """``run_finished`` is read and ``units`` are consumed to where the log ended then:
+        every event of the run in them is in (the control topic's came before
+        ``run_finished``), so no result is still to come there."""
+        if not self.finished or self.finish_at is None:
+            return False
+        at, ends = self.positions(), self.finish_at
+        return all(at.get(unit, 0) >= ends.get(unit, 0) for unit in units)
 
     def finish(self, skipped: Mapping[Reason, int] | None) -> None:
         """The collector is done (``run_finished``), having left out ``skipped`` rows per

@@ -737,9 +737,10 @@ class _Collector:
             if not isinstance(outcome, _Failure):
                 await self.result(outcome, row)
                 return
-            await self.failure(outcome.stamp(row) | self.served(row))
             attempt += 1
-            if outcome.terminal or attempt >= self.attempts:
+            last = outcome.terminal or attempt >= self.attempts
+            await self.failure(outcome.stamp(row) | self.served(row), last)
+            if last:
                 return
             delay = self.cfg.retry_backoff_s * 2 ** (attempt - prior - 1)
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))
@@ -752,13 +753,15 @@ class _Collector:
             return {}
         return {"_ng_environment_server": route.server, "_ng_result_type": route.kind}
 
-    async def failure(self, failed: dict[str, Any]) -> None:
-        """Write a failed attempt's sidecar row; then publish it (the live failure rate)."""
+    async def failure(self, failed: dict[str, Any], last: bool) -> None:
+        """Write a failed attempt's sidecar row; then publish it (the live failure rate;
+        ``last``: no attempt of the row follows in this collection, so it will have no result
+        and the processors' sequences go on past it)."""
         line = orjson.dumps(failed, option=orjson.OPT_APPEND_NEWLINE)
         _write_line(self._failures, self.paths.failures, line)
         self.failed += 1
         if self.sink is not None:
-            await _control(self.sink, _failed_event(failed, self.run_id))
+            await _control(self.sink, _failed_event(failed, self.run_id, last))
 
     async def result(self, result: dict[str, Any], row: dict[str, Any]) -> None:
         """Stamp (docs/nemo-gym-compat.md §Dispatch and stamping), route, write and flush one
@@ -769,10 +772,13 @@ class _Collector:
             if key in row:
                 result[key] = row[key]
         result |= self.served(row)
-        if result.get("_ng_no_persist"):
+        if result.get("_ng_no_persist"):  # written nowhere, but published: no result comes
+            if self.sink is not None:
+                gone = result | {"_ng_failure_class": "no_persist"}
+                await _control(self.sink, _failed_event(gone, self.run_id, True))
             return
         if result.get("_ng_failure_class") is not None:
-            await self.failure(result)
+            await self.failure(result, True)  # a reply: not retried
             return
         line = orjson.dumps(result, option=orjson.OPT_APPEND_NEWLINE)
         _write_line(self._results, self.paths.rollouts, line)
@@ -850,9 +856,11 @@ async def _all(coros: Iterator[Coroutine[Any, Any, None]]) -> None:
         raise
 
 
-def _failed_event(failed: dict[str, Any], run_id: str) -> AttemptFailed:
+def _failed_event(failed: dict[str, Any], run_id: str, last: bool) -> AttemptFailed:
     """The wire event of a sidecar row (an agent's own ``_ng_failure_class`` that is not a word
-    is sent as ``other``)."""
+    is sent as ``other``); ``terminal`` when it is the row's ``last`` attempt in this collection
+    (its sidecar row says ``_ng_failure_terminal`` only when no attempt may ever follow: a
+    resume with more attempts retries the others)."""
     cls = failed.get("_ng_failure_class")
     word = isinstance(cls, str) and re.fullmatch(r"\w{1,64}", cls) is not None
     agent = agent_of(failed)
@@ -863,7 +871,7 @@ def _failed_event(failed: dict[str, Any], run_id: str) -> AttemptFailed:
         attempt=failed.get("_ng_attempt_index") or 0,
         agent=agent or None,
         failure_class=cls if word and isinstance(cls, str) else "other",
-        terminal=bool(failed.get("_ng_failure_terminal")),
+        terminal=last or bool(failed.get("_ng_failure_terminal")),
     )
 
 

@@ -363,13 +363,16 @@ class RunFinished(_Event, kw_only=True):
 
 class AttemptFailed(_Event, kw_only=True):
     """An attempt at a rollout failed (``type: "attempt_failed"``): the collector's
-    ``_failures.jsonl`` row, counted live (the failure rate), never a result.
+    ``_failures.jsonl`` row, or a result it writes nowhere (``_ng_no_persist``, class
+    ``no_persist``), counted live (the failure rate), never a result.
 
     - ``task``, ``rollout``: the row's key; ``attempt``: its 0-based attempt index (a
       redelivered event, same key and attempt, counts once);
     - ``agent``: its agent's name (null or absent: none);
     - ``failure_class``: ``agent_request_failed`` (no reply) or ``agent_run_error`` (an error
-      reply), or another word; ``terminal``: no attempt follows.
+      reply), or another word; ``terminal``: no attempt of the row follows in this collection
+      (a terminal failure, its last attempt, a failure result or a result written nowhere),
+      so it will have no result and the live sequences go on past it (docs/intervals.md).
     """
 
     type: Literal["attempt_failed"] = "attempt_failed"
