@@ -502,3 +502,28 @@ async def test_the_processors_decide_and_the_collector_honours_it(
         assert (batch / "r_reward_profiling.jsonl").read_bytes() == streamed
     finally:
         await runner.cleanup()
+
+
+async def test_a_repeat_major_runs_interval_advances_while_it_is_collected(
+    agent: tuple[str, list[tuple[int, int]]], tmp_path: Path
+) -> None:
+    """Repeat-major, a part folds nothing until every row of the run is known: the collector
+    sends every materialized row before ``run_started`` (skipped ones too, on a resume
+    as well), so every row is known from the first result on and the live interval moves
+    with the results, not only at the final."""
+    url, _ = agent
+    seen: list[tuple[bool, int]] = []  # per result sent: rows known, the tally's n
+
+    class Watching(PipelineSink):
+        async def send(self, kind: Any, key: bytes, value: bytes, where: str = "") -> bool:
+            sent = await super().send(kind, key, value, where)
+            if kind == "rollout" and self.run is not None:
+                seen.append((self.run.rows_known, self.run.whole(0.0)[AGENT].tally.n))
+            return sent
+
+    with Pipeline(tmp_path / "state") as pipeline:
+        cfg = _cfg(tmp_path, url, "w", early_stop={"band": list(BAND)})
+        report = await collect(cfg, Watching(pipeline))
+    assert all(known for known, _ in seen) and len(seen) == report.completed
+    counts = [n for _, n in seen]
+    assert counts == sorted(counts) and counts[-1] == report.completed  # one in flight
