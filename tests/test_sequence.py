@@ -24,25 +24,26 @@ from rewardstream.contract.events import (
     RowSkipped,
     RunFinished,
     RunStarted,
+    Topics,
     decode_control,
     encode,
 )
 from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.core.sequence import (
-    WIRE_BUDGET,
     WIRE_ENTRIES,
     Ladder,
     SequenceFold,
     cut,
     dispatch_keys,
     final_tallies,
-    wire_entries,
 )
 from rewardstream.processors.core.state import ProfileState
 from rewardstream.processors.engine.live import AgentLive
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.inprocess import PipelineSink
+from rewardstream.processors.stream.membership import Membership
+from rewardstream.processors.stream.units import Units
 from rewardstream.producers.events import input_event, rollout_event
 from rewardstream.producers.gym.collect import CollectConfig, collect
 from tests.gym import serve, write_problems
@@ -329,23 +330,40 @@ def test_units_not_known_yet_hold_every_cut(tmp_path: Path) -> None:
     assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 2
 
 
-def test_many_ladders_fit_one_member_record() -> None:
-    """A member record holds a ladder per partition, open run and agent: with 600 of them,
-    each folded far past what a record carries, their entries stay within the budget (and
-    each is still an exact ladder: its frontier lowered to the first entry left out)."""
-    (state,) = _partitioned(2000, 1)
+def test_many_ladders_fit_one_member_record(tmp_path: Path) -> None:
+    """A member record holds a summary and a ladder per partition, open run and agent: with
+    240 of them, each folded past what a record carries, their entries are cut down until the
+    record fits its 512 KiB with every summary in (each ladder still exact: its frontier
+    lowered to the first entry left out)."""
+    pipeline = Pipeline(tmp_path / "p")
+    path = tmp_path / "r.jsonl"
     rng = np.random.default_rng(2)
-    for line in range(2000):
-        _result(state, line, 0, float(rng.random()))
-    fold = SequenceFold(False)
-    fold.update(state, state)
-    ladder = AgentLive(ladder=fold.ladders()["a"])
-    for count in (1, 30, 600):
-        entries = wire_entries(count)
-        wire = ladder.to_wire(entries)
-        assert wire.sequence is not None and len(wire.sequence[3]) == entries
-        assert wire.sequence[0] == entries <= WIRE_ENTRIES  # the first row left out
-        assert count * len(orjson.dumps(wire.sequence)) <= WIRE_BUDGET
+    for run in range(60):
+        run_id = f"r{run}"
+        started = RunStarted(run_id=run_id, expected_rollouts=1200, output_stem="r")
+        pipeline.handle("control", encode(started))
+        for line in range(1200):
+            unit = line % 4
+            event = input_event(_row(line, 0), run_id, path, line + 1)
+            pipeline.handle(event.kind, event.value, f"input-{unit}")
+            result = {**_row(line, 0), "reward": float(rng.random())}
+            event = rollout_event(result, run_id, path, line + 1)
+            pipeline.handle(event.kind, event.value, f"rollout-{unit}")
+    membership = Membership(pipeline, Units(Topics.for_prefix("t")), "t.members", "t", "g", "m")
+    record, raw = membership.record()
+    assert len(raw) <= 512 << 10
+    sent = [
+        progress.sequence
+        for name, unit in record.units.items()
+        for agents in unit.live.values()
+        for progress in agents.values()
+        if name.startswith("input-")  # a rollout unit's summary has figures, no ladder
+    ]
+    assert len(sent) == 240
+    for sequence in sent:
+        assert sequence is not None
+        frontier, _, _, keys, *_ = sequence
+        assert 0 < len(keys) < WIRE_ENTRIES and frontier is not None and frontier > keys[-1]
 
 
 def test_a_decided_tasks_row_in_flight_waits_for_its_result(tmp_path: Path) -> None:
@@ -475,3 +493,171 @@ def test_a_finished_run_passes_every_row_once_its_events_are_in(tmp_path: Path) 
     assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 0  # row 0 may still come
     pipeline.handle("control", encode(RunFinished(run_id="r")))
     assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 2
+
+
+def _gone_then_run(tmp_path: Path, resume: bool) -> list[int]:
+    """Six rows; row 2's attempt fails for good (as a collection with one attempt says), the
+    others' results come; then (``resume``: a resumed collection's ``run_started``, with more
+    attempts) row 2 is run after all. The live count after each step."""
+    pipeline = _two_units(tmp_path, 6)
+    pipeline.set_input_units(frozenset({"input-0"}))
+    path, counts = tmp_path / "r.jsonl", []
+    for line in range(6):
+        event = input_event(_row(line, 0), "r", path, line + 1)
+        pipeline.handle(event.kind, event.value, "input-0")
+    failed = AttemptFailed(run_id="r", task=2, rollout=0, failure_class="x", terminal=True)
+    pipeline.handle("control", encode(failed))
+
+    def result(line: int) -> None:
+        event = rollout_event({**_row(line, 0), "reward": 1.0}, "r", path, line + 1)
+        pipeline.handle(event.kind, event.value, "rollout-0")
+
+    for line in (0, 1, 3, 4, 5):
+        result(line)
+    counts.append(pipeline.runs["r"].whole(0.0)["a"].tally.n)
+    if resume:
+        again = RunStarted(run_id="r", expected_rollouts=6, output_stem="r")
+        pipeline.handle("control", encode(again))
+        counts.append(pipeline.runs["r"].whole(0.0)["a"].tally.n)
+    result(2)
+    counts.append(pipeline.runs["r"].whole(0.0)["a"].tally.n)
+    return counts
+
+
+def test_a_resume_starts_the_sequences_over(tmp_path: Path) -> None:
+    """What the first part said gone may be run by the resume: from its ``run_started`` on,
+    row 2 is awaited again (before: passed over for good, and its result never counted)."""
+    assert _gone_then_run(tmp_path, resume=True) == [5, 2, 6]
+
+
+def test_a_result_for_a_row_passed_over_rebuilds_the_fold(tmp_path: Path) -> None:
+    """Without a new ``run_started`` (another producer): the fold that passed row 2 is built
+    again once its result comes, so the result counts."""
+    assert _gone_then_run(tmp_path, resume=False) == [5, 6]
+
+
+def test_parts_in_different_orders_are_never_summed() -> None:
+    """A processor that has not read a resume's ``run_started`` yet folds in the old order:
+    its ladders and the others' have keys of different kinds, so no cut is made."""
+    assert cut([Ladder(5, order=True), Ladder(5, order=False)]) is None
+    assert cut([Ladder(5, order=True), Ladder(0)]) is not None  # a bound fits either
+
+
+def test_nothing_is_folded_before_run_started(tmp_path: Path) -> None:
+    """Data and control topics are not ordered with each other: until ``run_started`` says
+    whether the run is repeat-major, no row is in a sequence (before: a line-order prefix of
+    an early-stop run, and its floors sent to peers)."""
+    pipeline = Pipeline(tmp_path / "p")
+    for line in range(4):
+        _feed(pipeline, tmp_path, line, "a", True)
+    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 0
+    early = EarlyStop(repeats=1, band=(0.2, 0.8))
+    started = RunStarted(run_id="r", expected_rollouts=4, output_stem="r", early_stop=early)
+    pipeline.handle("control", encode(started))
+    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 4
+
+
+def test_an_agent_whose_rows_are_all_left_out_still_bounds_nothing_forever() -> None:
+    """A partition whose rows of an agent all have keys the sequence leaves out (a negative
+    task index) still has a ladder for it: with every row known it holds no cut back (before:
+    no ladder, so every merge bounded the other agents there at 0 until the final)."""
+    state = ProfileState()
+    state.add_input(_row(-1, 0, "b"), 0, 0)
+    fold = SequenceFold(False)
+    fold.update(state, state, rows_known=True)
+    assert fold.ladders()["b"].frontier is None
+
+
+class _Killed(PipelineSink):
+    """The in-process pipeline, as a collector killed before its end leaves it: every event
+    but ``run_finished``."""
+
+    async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
+        if kind == "control" and isinstance(decode_control(value), RunFinished):
+            return True
+        return await super().send(kind, key, value, where)
+
+    async def close(self, finished: bool) -> None:
+        await super().close(False)  # no final: the run is open
+
+
+async def test_a_resume_says_again_which_rows_stay_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collection whose task 0 fails every attempt is killed before its end, then resumed:
+    its ``run_started`` starts the sequences over, and the rows that stay without a result
+    are said gone again, so the live sequence folds every result before the run ends (before:
+    it stopped at task 0's first row until the final)."""
+    monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "1")
+
+    async def run(request: web.Request) -> web.Response:
+        row = orjson.loads(await request.read())
+        if row["_ng_task_index"] == 0:
+            return web.json_response({"error": "busy"}, status=500)
+        return web.json_response({"response": {}, "reward": 1.0} | row)
+
+    runner, url = await serve({"/run": run})
+    src = write_problems(tmp_path / "problems.jsonl", 6)
+    cfg = CollectConfig.model_validate(
+        {
+            "input_jsonl_fpath": src,
+            "output_jsonl_fpath": tmp_path / "out" / "r.jsonl",
+            "agent_url": url,
+            "num_repeats": 2,
+            "disable_aggregation": True,
+            "quiet": True,
+        }
+    )
+    try:
+        with Pipeline(tmp_path / "state") as pipeline:
+            await collect(cfg, _Killed(pipeline))
+            sink = _LiveAtFinish(pipeline)
+            await collect(cfg.model_copy(update={"resume_from_cache": True}), sink)
+    finally:
+        await runner.cleanup()
+    assert sink.live is not None
+    assert sink.live[AGENT].tally.n == 10
+    assert {(e.task, e.terminal) for e in sink.failed} == {(0, True)}
+
+
+class _Refusing(_LiveAtFinish):
+    """As :class:`_LiveAtFinish`, refusing task 1's rollouts, as Kafka refuses one too large."""
+
+    async def send(self, kind: EventKind, key: bytes, value: bytes, where: str = "") -> bool:
+        if kind == "rollout" and key == b"1":
+            return False
+        return await super().send(kind, key, value, where)
+
+
+async def test_a_result_the_processors_will_never_have_holds_nothing_back(
+    tmp_path: Path,
+) -> None:
+    """A result written but not published (its event refused) is said gone (``unpublished``),
+    so the live sequence folds every result the processors have before the run ends."""
+
+    async def run(request: web.Request) -> web.Response:
+        row = orjson.loads(await request.read())
+        return web.json_response({"response": {}, "reward": 1.0} | row)
+
+    runner, url = await serve({"/run": run})
+    src = write_problems(tmp_path / "problems.jsonl", 4)
+    cfg = CollectConfig.model_validate(
+        {
+            "input_jsonl_fpath": src,
+            "output_jsonl_fpath": tmp_path / "out" / "r.jsonl",
+            "agent_url": url,
+            "num_repeats": 2,
+            "disable_aggregation": True,
+            "quiet": True,
+        }
+    )
+    try:
+        with Pipeline(tmp_path / "state") as pipeline:
+            sink = _Refusing(pipeline)
+            await collect(cfg, sink)
+    finally:
+        await runner.cleanup()
+    assert sink.live is not None and sink.live[AGENT].tally.n == 6
+    assert {(e.task, e.failure_class, e.terminal) for e in sink.failed} == {
+        (1, "unpublished", True)
+    }

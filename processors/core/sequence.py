@@ -36,25 +36,11 @@ __all__ = [
     "cut",
     "dispatch_keys",
     "final_tallies",
-    "wire_entries",
 ]
 
 WIRE_ENTRIES = 256
-"""Entries a ladder carries in a member record at most: a cut moves up by at most this many of
-a part's rows per record (every 0.5 s while it changes)."""
-WIRE_BUDGET = 256 << 10
-"""Bytes of ladder entries one member record carries at most (an entry is ~44 bytes of JSON,
-:func:`wire_entries`), half its size limit: with many runs, agents and partitions each ladder
-carries fewer entries, and the cuts move up more slowly, rather than the record going without
-its summaries."""
-ENTRY_BYTES = 48  # a JSON entry at its longest: a key and two floats of 17 digits
-
-
-def wire_entries(ladders: int) -> int:
-    """Entries each of ``ladders`` ladders carries in one member record (at least 8)."""
-    return max(8, min(WIRE_ENTRIES, WIRE_BUDGET // (ENTRY_BYTES * max(ladders, 1))))
-
-
+"""Entries a ladder carries in a member record at most (fewer when many do not fit): a cut moves
+up by at most this many of a part's rows per record (every 0.5 s while it changes)."""
 TASK_BITS = 40
 REPEAT_BITS = 23
 """Repeat-major keys are ``rollout << TASK_BITS | task``: a row beyond these bounds has none
@@ -80,7 +66,10 @@ class Ladder:
     Every row of the part with key below ``frontier`` is folded or never will be (None: no
     bound, every row of the run is known and done). The entries are the rows folded with key
     ``>= floor``, each with the sums after it (``n`` is ``base[0]`` plus its place); ``base`` sums
-    the rows below ``floor``. A cut at any key ``>= floor`` is exact (:meth:`at`).
+    the rows below ``floor``. A cut at any key ``>= floor`` is exact (:meth:`at`). ``order``:
+    which dispatch order its keys are in (True: repeat-major; None: any, a bound with no
+    entries), so that parts folded in different orders (a processor that has not read a
+    resume's ``run_started`` yet) are never summed.
     """
 
     frontier: int | None
@@ -90,6 +79,7 @@ class Ladder:
     totals: MutableSequence[float] = field(default_factory=lambda: array("d"))
     spreads: MutableSequence[float] = field(default_factory=lambda: array("d"))
     outside: int = 0
+    order: bool | None = None
 
     def at(self, key: float) -> tuple[int, float, float]:
         """``(n, total, spread)`` of the rows with key below ``key`` (``>= floor``)."""
@@ -100,21 +90,27 @@ class Ladder:
 
     def plain(
         self, limit: int = WIRE_ENTRIES
-    ) -> tuple[int | None, int, tuple[int, float, float], list[int], list[float], list[float], int]:
+    ) -> tuple[
+        int | None, int, tuple[int, float, float], list[int], list[float], list[float], int, bool
+    ]:
         """Its fields as plain values (a member record's), with at most ``limit`` entries: the
         first ones, and the frontier lowered to the first left out (every cut stays exact)."""
         keys, frontier = list(self.keys[: limit + 1]), self.frontier
         if len(keys) > limit:
             frontier = keys.pop()
         totals, spreads = list(self.totals[:limit]), list(self.spreads[:limit])
-        return frontier, self.floor, self.base, keys, totals, spreads, self.outside
+        order = bool(self.order)
+        return frontier, self.floor, self.base, keys, totals, spreads, self.outside, order
 
 
 def cut(ladders: Iterable[Ladder], lo: float = 0.0, hi: float = 1.0) -> tuple[Tally, float] | None:
     """The parts' sums at their common frontier (the lowest), as one :class:`Tally`, and that
     key (infinite: every row done); None when some part cannot be cut that low (its floor is
-    above it: a part that went back, e.g. rebuilt, until it catches up)."""
+    above it: a part that went back, e.g. rebuilt, until it catches up), or when parts are in
+    different dispatch orders."""
     held = list(ladders)
+    if len({ld.order for ld in held if ld.order is not None}) > 1:
+        return None
     at = min((ld.frontier for ld in held if ld.frontier is not None), default=math.inf)
     if any(ld.floor > at for ld in held):
         return None
@@ -141,11 +137,11 @@ class _Agent:
     """One agent's rows not folded yet (row ids, sorted by their dispatch keys), its tally
     and its ladder."""
 
+    tally: Tally
+    ladder: Ladder
     rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     last: int = -1  # the last key folded or passed (a row coming later below it is left out)
-    tally: Tally = field(default_factory=Tally)
-    ladder: Ladder = field(default_factory=lambda: Ladder(None))
 
 
 class SequenceFold:
@@ -170,6 +166,10 @@ class SequenceFold:
         self._top = -1  # the highest line read (rows come in line order)
         self._came = np.zeros(0, np.bool_)
         self._gone = np.zeros(0, np.bool_)  # per id: it will never have a result
+        self._over = np.zeros(0, np.bool_)  # per id: passed without a result
+        # a result came for a row passed without one (a row said gone, then run after all, as
+        # a resume with more attempts does): the sums lack it, so the fold must be rebuilt
+        self.stale = False
         self._gone_read = 0  # items of ``gone`` applied
         self._early_gone: set[int] = set()  # gone rows that have not come, by packed key
         self._value = np.zeros(0, np.float64)
@@ -220,6 +220,7 @@ class SequenceFold:
             size = max(hi, 2 * len(self._came))
             self._came = np.concatenate([self._came, np.zeros(size - len(self._came), np.bool_)])
             self._gone = np.concatenate([self._gone, np.zeros(size - len(self._gone), np.bool_)])
+            self._over = np.concatenate([self._over, np.zeros(size - len(self._over), np.bool_)])
             self._value = np.concatenate([self._value, np.full(size - len(self._value), np.nan)])
         usable = (packed >= 0) & (keys >= 0) & (agents >= 0)
         self._add_to_index(packed[usable], ids[usable])
@@ -232,10 +233,11 @@ class SequenceFold:
             hit = np.isin(new, np.fromiter(self._early_gone, np.int64, len(self._early_gone)))
             self._gone[ids[usable][hit]] = True
             self._early_gone.difference_update(new[hit].tolist())
-        for ident in np.unique(agents[usable]).tolist():
-            agent = self._agents.setdefault(
-                rows.names[ident], _Agent(tally=Tally(self.lo, self.hi))
-            )
+        for ident in np.unique(agents[agents >= 0]).tolist():  # a ladder, rows usable or not
+            agent = self._agents.get(rows.names[ident])
+            if agent is None:
+                ladder = Ladder(None, order=self.repeat_major)
+                agent = self._agents[rows.names[ident]] = _Agent(Tally(self.lo, self.hi), ladder)
             mine = usable & (agents == ident) & (keys > agent.last)  # below the last: too late
             new_keys, new_rows = keys[mine], ids[mine]
             if len(agent.keys) and len(new_keys) and new_keys.min() < agent.keys[-1]:
@@ -269,6 +271,7 @@ class SequenceFold:
         at = np.minimum(np.searchsorted(keys, packed), max(len(keys) - 1, 0))
         found = (packed >= 0) & (keys[at] == packed) if len(keys) else np.zeros(len(packed), bool)
         ids = held[at[found]]
+        self.stale = self.stale or bool(self._over[ids].any())
         self._came[ids] = True
         self._value[ids] = rewards[found]
         waiting = ~found & (packed >= 0)
@@ -303,6 +306,7 @@ class SequenceFold:
             end, step = end + len(window), 2 * step
         folded = rows[:end]
         took = self._came[folded]
+        self._over[folded[~took]] = True
         x, at = self._value[folded[took]], keys[:end][took]
         inside = (x >= self.lo) & (x <= self.hi)
         tally.outside += int(np.count_nonzero(~np.isnan(x) & ~inside))

@@ -326,7 +326,8 @@ def bounds(
         elif rows_known and (not rows.get(unit) or held):
             continue  # every row is in: it has none of this agent's
         elif held and all(ld.frontier is not None for ld in held.values()):
-            out.append(Ladder(max(ld.frontier for ld in held.values() if ld.frontier is not None)))
+            highest = max(ld.frontier for ld in held.values() if ld.frontier is not None)
+            out.append(Ladder(highest, order=next(iter(held.values())).order))  # its keys' order
         elif not held:
             out.append(Ladder(0))
     return out

@@ -356,7 +356,7 @@ class Pipeline:
         return run
 
     def _started(self, run: Run, started: RunStarted) -> None:
-        run.started = started
+        run.start(started)
         early = started.early_stop
         if early is not None and run.terminal is None and run.run_id not in self.stops:
             self.stops[run.run_id] = RunStops(early.rule())

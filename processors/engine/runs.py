@@ -635,6 +635,16 @@ class Run:
             self._gone.add(key)
             self.gone.append(key)
 
+    def start(self, started: RunStarted) -> None:
+        """Its ``run_started``. A second one is a resume: rows the first part said gone may be
+        run now (more attempts, skips collected after all) and the dispatch order may change,
+        so the sequences start over (the resumed collector says again what stays gone)."""
+        if self.started is not None:
+            self.gone, self._gone = [], set()
+            self._folds.clear()
+            self._floors.clear()
+        self.started = started
+
     @property
     def repeat_major(self) -> bool:
         """Its rows go out repeat-major (an early stop's dispatch order), not in line order."""
@@ -642,8 +652,11 @@ class Run:
 
     def ladders(self) -> dict[str, dict[str, Ladder]]:
         """Per input unit held here (``input-N``), per agent, the sequence of its partition's
-        rows and results in dispatch order (:class:`SequenceFold`), updated now."""
-        out = {}
+        rows and results in dispatch order (:class:`SequenceFold`), updated now; none before
+        ``run_started`` (which order is not known yet)."""
+        out: dict[str, dict[str, Ladder]] = {}
+        if self.started is None:
+            return out
         for name, rows in self.parts.items():
             if not name.startswith("input-") or rows.final is not None:
                 continue
@@ -651,17 +664,14 @@ class Run:
             results = self.parts.get(f"rollout-{number}")
             states = (rows.state, None if results is None else results.state)
             held = self._folds.get(number)
-            if (  # new states (a rebuild), or run_started read since: repeat-major after all
-                held is None
-                or held[0] is not states[0]
-                or held[1] is not states[1]
-                or held[2].repeat_major != self.repeat_major
-            ):
+            if held is None or held[0] is not states[0] or held[1] is not states[1]:
                 held = self._folds[number] = (*states, SequenceFold(self.repeat_major))
-            fold = held[2]
             done = self.consumed((name, f"rollout-{number}"))
-            fold.update(states[0], states[1], self.gone, self.rows_known, done)
-            out[name] = fold.ladders(self._floors)
+            held[2].update(states[0], states[1], self.gone, self.rows_known, done)
+            if held[2].stale:  # a result for a row it passed over: folded again with it
+                held = self._folds[number] = (*states, SequenceFold(self.repeat_major))
+                held[2].update(states[0], states[1], self.gone, self.rows_known, done)
+            out[name] = held[2].ladders(self._floors)
         return out
 
     def consumed(self, units: Iterable[str]) -> bool:

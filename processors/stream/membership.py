@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
 from rewardstream.contract.engine import MemberRecord, UnitProgress, decode_member, encode_record
-from rewardstream.processors.core.sequence import Ladder, wire_entries
+from rewardstream.processors.core.sequence import WIRE_ENTRIES, Ladder
 from rewardstream.processors.engine.live import AgentLive
 from rewardstream.processors.engine.pipeline import Pipeline, RemoteUnit
 from rewardstream.processors.engine.runs import Counts
@@ -25,9 +25,10 @@ log = logging.getLogger(__package__)  # the processor's one logger: its lines ke
 
 _MEMBER_EVERY = 0.5  # seconds between member records while something changed
 _MEMBER_RENEW = 5.0  # and at least this often
-# above this a member record goes without its live summaries: Kafka's default message limit is
-# 1 MiB, and a record is ~0.5 KB per partition, open run and agent, plus its ladders' entries
-# (at most processors.core.sequence.WIRE_BUDGET); peers then show no row of these runs' cuts
+# a member record's size at most: Kafka's default message limit is 1 MiB. A record holds a
+# summary (up to ~1.3 KB) and a ladder per partition, open run and agent; the ladders carry as
+# many entries as fit, and past ~390 summaries the record goes without them (peers withhold
+# these runs' intervals: no cut reaches past a unit they hear no ladder from)
 _MEMBER_LIVE_BYTES = 512 << 10
 
 
@@ -58,8 +59,10 @@ class Membership:
         """What a part request and a part must match: parts never cross groups or prefixes."""
         return {"prefix": self.prefix, "group": self.group_id}
 
-    def record(self) -> MemberRecord:
-        units = {}
+    def record(self) -> tuple[MemberRecord, bytes]:
+        """This member's record and its bytes, within :data:`_MEMBER_LIVE_BYTES`: its ladders
+        carry as many entries as fit (fewer, the cuts move up more slowly), and past that the
+        record goes without its live summaries (peers then withhold these runs' intervals)."""
         now = time.monotonic()
         sharing = sum(  # every open part's figures, within one budget
             part.final is None
@@ -72,36 +75,60 @@ class Membership:
                 run.whole(now, figures=False)
         ladders = self._ladders()
         self._frontiers = _frontiers(ladders)
-        entries = wire_entries(len(self._frontiers))
-        for name, unit in self.pipeline.units.items():
-            held = {run_id: part for run_id, part in unit.parts.items() if part.final is None}
-            units[name] = UnitProgress(
-                position=unit.position,
-                runs={
-                    run_id: (part.inputs, part.rollouts, part.duplicates)
-                    for run_id, part in held.items()
-                },
-                live={
-                    run_id: {
-                        agent: s.to_wire(entries)
-                        for agent, s in runs[run_id]
-                        .summary(name, now, True, sharing, ladders.get(run_id, {}))
-                        .items()
-                    }
-                    for run_id in held
-                },
+        held = {
+            name: {run_id: part for run_id, part in unit.parts.items() if part.final is None}
+            for name, unit in self.pipeline.units.items()
+        }
+        live = {
+            name: {
+                run_id: runs[run_id].summary(name, now, True, sharing, ladders.get(run_id, {}))
+                for run_id in parts
+            }
+            for name, parts in held.items()
+        }
+
+        def build(entries: int | None) -> MemberRecord:
+            units = {
+                name: UnitProgress(
+                    position=self.pipeline.units[name].position,
+                    runs={r: (p.inputs, p.rollouts, p.duplicates) for r, p in parts.items()},
+                    live={}
+                    if entries is None
+                    else {
+                        run_id: {agent: s.to_wire(entries) for agent, s in agents.items()}
+                        for run_id, agents in live[name].items()
+                    },
+                )
+                for name, parts in held.items()
+            }
+            data = self.units.consumer
+            generation = data._coordinator.generation if data is not None else -1
+            return MemberRecord(
+                prefix=self.prefix,
+                group=self.group_id,
+                member=self.member,
+                generation=generation,
+                url=self.url,
+                units=units,
+                at=time.time(),
             )
-        data = self.units.consumer
-        generation = data._coordinator.generation if data is not None else -1
-        return MemberRecord(
-            prefix=self.prefix,
-            group=self.group_id,
-            member=self.member,
-            generation=generation,
-            url=self.url,
-            units=units,
-            at=time.time(),
-        )
+
+        entries: int | None = WIRE_ENTRIES
+        while True:
+            record = build(entries)
+            raw = encode_record(record)
+            if len(raw) <= _MEMBER_LIVE_BYTES or entries is None:
+                break
+            entries = None if entries == 0 else entries // 4  # 256, 64, 16, 4, 1, 0, none
+        if entries is None and not self._live_dropped:
+            log.warning(
+                "member record of %d parts' summaries above %d bytes: they are left out (peers "
+                "show only their own share of these runs)",
+                sum(len(agents) for runs_ in live.values() for agents in runs_.values()),
+                _MEMBER_LIVE_BYTES,
+            )
+        self._live_dropped = self._live_dropped or entries is None
+        return record, raw
 
     async def announce(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
         """Publish this member's record while something changed (and now and then anyway)."""
@@ -114,19 +141,7 @@ class Membership:
                 or _frontiers(self._ladders()) != self._frontiers  # e.g. all rows known now
             ):
                 self.changed = False
-                record = self.record()
-                raw = encode_record(record)
-                if len(raw) > _MEMBER_LIVE_BYTES:  # many runs and agents: counts only
-                    if not self._live_dropped:
-                        log.warning(
-                            "member record of %d bytes: its live summaries are left out (peers "
-                            "show only their own share of these runs)",
-                            len(raw),
-                        )
-                    self._live_dropped = True
-                    bare = {n: u.model_copy(update={"live": {}}) for n, u in record.units.items()}
-                    record = record.model_copy(update={"units": bare})
-                    raw = encode_record(record)
+                record, raw = self.record()
                 await producer.send(self.topic, raw, key=self.member.encode())
                 self.members[self.member] = record
                 last = now

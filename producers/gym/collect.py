@@ -349,6 +349,10 @@ class _Plan(NamedTuple):
     prior_failures: dict[Key, int]
     tails: dict[Path, _Tail]  # resume: the repairs to make before appending
     skip_rules: tuple[Any, ...] = ()  # resume: the early-stop rules its skipped rows name
+    # resume: the rows an earlier part left without a result that this one will not run (the
+    # last failure of each row failed for good; each line of the skipped rows kept)
+    gone: tuple[dict[str, Any], ...] = ()
+    kept_skips: tuple[dict[str, Any], ...] = ()
 
 
 def _fresh(cfg: CollectConfig) -> _Plan:
@@ -415,16 +419,18 @@ def _resumed(paths: CollectionPaths, attempts: int, early_stop: bool) -> _Plan:
     done = {_key(r) for _, r in cached}
     failures: dict[Key, int] = defaultdict(int)
     terminal: set[Key] = set()
+    last: dict[Key, dict[str, Any]] = {}
     if paths.failures in tails:
         for _, failure in _read_rows(paths.failures, tails[paths.failures].keep):
             failures[_key(failure)] += 1
+            last[_key(failure)] = failure
             if failure.get("_ng_failure_terminal"):
                 terminal.add(_key(failure))
-    skipped: set[Key] = set()
+    skipped: dict[Key, dict[str, Any]] = {}
     rules: list[Any] = []
     if early_stop and paths.skipped in tails:
         for _, line in _read_rows(paths.skipped, tails[paths.skipped].keep):
-            skipped.add(_key(line))
+            skipped[_key(line)] = line
             if line.get("early_stop") not in rules:
                 rules.append(line.get("early_stop"))
     todo = []
@@ -438,7 +444,11 @@ def _resumed(paths: CollectionPaths, attempts: int, early_stop: bool) -> _Plan:
         f"Resuming: {len(done)} rollouts cached{also}, {len(todo)} of {len(rows)} rows to run",
         file=sys.stderr,
     )
-    return _Plan(rows, todo, cached, dict(failures), tails, tuple(rules))
+    running = {_key(row) for row in todo}
+    gone = tuple(f for key, f in last.items() if key not in done and key not in running)
+    return _Plan(
+        rows, todo, cached, dict(failures), tails, tuple(rules), gone, tuple(skipped.values())
+    )
 
 
 def _check_outputs(cfg: CollectConfig, paths: CollectionPaths, resume: bool) -> None:
@@ -643,6 +653,10 @@ class _Collector:
             started = _run_started(cfg, self.run_id, self.paths, len(plan.rows), early)
             self.unsent = await _send_inputs(sink, plan.rows, self.run_id, self.paths.inputs)
             await _control(sink, started)
+            for failed in plan.gone:  # a resume: said again, as its run_started starts over
+                await _control(sink, _failed_event(failed, self.run_id, True))
+            for line in plan.kept_skips:
+                await _control(sink, _skipped_event(line, self.run_id))
         for lineno, result in plan.cached:
             await self.publish(result, lineno)
             if self.skips is not None:
@@ -806,7 +820,9 @@ class _Collector:
             event = rollout_event(result, self.run_id, self.paths.rollouts, line, answer_key)
             where = f"{self.paths.rollouts}:{line}"
             if not await self.sink.send(event.kind, event.key, event.value, where):
-                self.unsent_results.add(_key(result))
+                self.unsent_results.add(_key(result))  # the processors will never have it:
+                unsent = result | {"_ng_failure_class": "unpublished"}  # their sequences go on
+                await _control(self.sink, _failed_event(unsent, self.run_id, True))
 
     def postfix(self, bar: tqdm[Any], force: bool = False) -> None:
         """The running mean reward per agent, at most twice a second."""
