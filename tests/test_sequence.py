@@ -543,18 +543,21 @@ def test_parts_in_different_orders_are_never_summed() -> None:
     assert cut([Ladder(5, order=True), Ladder(0)]) is not None  # a bound fits either
 
 
-def test_nothing_is_folded_before_run_started(tmp_path: Path) -> None:
-    """Data and control topics are not ordered with each other: until ``run_started`` says
-    whether the run is repeat-major, no row is in a sequence (before: a line-order prefix of
-    an early-stop run, and its floors sent to peers)."""
+def test_an_early_stops_run_started_refolds_in_its_order(tmp_path: Path) -> None:
+    """Data and control topics are not ordered with each other: before ``run_started`` the
+    rows are folded in line order (a fixed order: a valid sequence); once it says the rows
+    went out repeat-major, the sequences start over in that order, their floors too."""
     pipeline = Pipeline(tmp_path / "p")
     for line in range(4):
-        _feed(pipeline, tmp_path, line, "a", True)
-    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 0
+        _feed(pipeline, tmp_path, line, "a", line != 1)
+    run = pipeline.runs["r"]
+    assert run.whole(0.0)["a"].tally.n == 1 and run.ladders()["input-0"]["a"].order is False
     early = EarlyStop(repeats=1, band=(0.2, 0.8))
     started = RunStarted(run_id="r", expected_rollouts=4, output_stem="r", early_stop=early)
     pipeline.handle("control", encode(started))
-    assert pipeline.runs["r"].whole(0.0)["a"].tally.n == 4
+    ladder = run.ladders()["input-0"]["a"]
+    assert ladder.order is True and ladder.floor == 0
+    assert run.whole(0.0)["a"].tally.n == 1
 
 
 def test_an_agent_whose_rows_are_all_left_out_still_bounds_nothing_forever() -> None:

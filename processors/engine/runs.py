@@ -636,14 +636,18 @@ class Run:
             self.gone.append(key)
 
     def start(self, started: RunStarted) -> None:
-        """Its ``run_started``. A second one is a resume: rows the first part said gone may be
-        run now (more attempts, skips collected after all) and the dispatch order may change,
-        so the sequences start over (the resumed collector says again what stays gone)."""
-        if self.started is not None:
+        """Its ``run_started``. Rows folded before it were folded in line order (a fixed order
+        too, so their sequence was valid): under an early stop they went out repeat-major, and
+        the sequences start over in that order. A second one is a resume: rows the first part
+        said gone may be run now (more attempts, skips collected after all), so they start
+        over too (the resumed collector says again what stays gone)."""
+        line_order = not self.repeat_major
+        resumed, self.started = self.started is not None, started
+        if resumed:
             self.gone, self._gone = [], set()
+        if resumed or line_order != (not self.repeat_major):
             self._folds.clear()
             self._floors.clear()
-        self.started = started
 
     @property
     def repeat_major(self) -> bool:
@@ -652,11 +656,8 @@ class Run:
 
     def ladders(self) -> dict[str, dict[str, Ladder]]:
         """Per input unit held here (``input-N``), per agent, the sequence of its partition's
-        rows and results in dispatch order (:class:`SequenceFold`), updated now; none before
-        ``run_started`` (which order is not known yet)."""
+        rows and results in dispatch order (:class:`SequenceFold`), updated now."""
         out: dict[str, dict[str, Ladder]] = {}
-        if self.started is None:
-            return out
         for name, rows in self.parts.items():
             if not name.startswith("input-") or rows.final is not None:
                 continue
