@@ -400,6 +400,22 @@ def test_a_decided_tasks_row_in_flight_waits_for_its_result(tmp_path: Path) -> N
 # ------------------------------------------------- rows that will never have a result, live
 
 
+def _collection(tmp_path: Path, url: str, problems: int) -> CollectConfig:
+    """A collection of ``problems`` generated problems, two repeats each, from ``url``."""
+    src = write_problems(tmp_path / "problems.jsonl", problems)
+    return CollectConfig.model_validate(
+        {
+            "input_jsonl_fpath": src,
+            "output_jsonl_fpath": tmp_path / "out" / "r.jsonl",
+            "agent_url": url,
+            "num_repeats": 2,
+            "disable_aggregation": True,
+            "retry_backoff_s": 0,
+            "quiet": True,
+        }
+    )
+
+
 class _LiveAtFinish(PipelineSink):
     """The in-process pipeline, and the run's live view just before ``run_finished`` is read:
     every other event of the run is in then."""
@@ -445,18 +461,7 @@ async def test_every_row_without_a_result_is_gone_before_the_run_finishes(
         return web.json_response(reply)
 
     runner, url = await serve({"/run": run})
-    src = write_problems(tmp_path / "problems.jsonl", 6)
-    cfg = CollectConfig.model_validate(
-        {
-            "input_jsonl_fpath": src,
-            "output_jsonl_fpath": tmp_path / "out" / "r.jsonl",
-            "agent_url": url,
-            "num_repeats": 2,
-            "disable_aggregation": True,
-            "retry_backoff_s": 0,
-            "quiet": True,
-        }
-    )
+    cfg = _collection(tmp_path, url, 6)
     try:
         with Pipeline(tmp_path / "state") as pipeline:
             sink = _LiveAtFinish(pipeline)
@@ -600,17 +605,7 @@ async def test_a_resume_says_again_which_rows_stay_gone(
         return web.json_response({"response": {}, "reward": 1.0} | row)
 
     runner, url = await serve({"/run": run})
-    src = write_problems(tmp_path / "problems.jsonl", 6)
-    cfg = CollectConfig.model_validate(
-        {
-            "input_jsonl_fpath": src,
-            "output_jsonl_fpath": tmp_path / "out" / "r.jsonl",
-            "agent_url": url,
-            "num_repeats": 2,
-            "disable_aggregation": True,
-            "quiet": True,
-        }
-    )
+    cfg = _collection(tmp_path, url, 6)
     try:
         with Pipeline(tmp_path / "state") as pipeline:
             await collect(cfg, _Killed(pipeline))
@@ -643,17 +638,7 @@ async def test_a_result_the_processors_will_never_have_holds_nothing_back(
         return web.json_response({"response": {}, "reward": 1.0} | row)
 
     runner, url = await serve({"/run": run})
-    src = write_problems(tmp_path / "problems.jsonl", 4)
-    cfg = CollectConfig.model_validate(
-        {
-            "input_jsonl_fpath": src,
-            "output_jsonl_fpath": tmp_path / "out" / "r.jsonl",
-            "agent_url": url,
-            "num_repeats": 2,
-            "disable_aggregation": True,
-            "quiet": True,
-        }
-    )
+    cfg = _collection(tmp_path, url, 4)
     try:
         with Pipeline(tmp_path / "state") as pipeline:
             sink = _Refusing(pipeline)
