@@ -345,10 +345,13 @@ class Metrics:
         compares: Sequence[tuple[str, str]] = (),
         rule: Rule | None = None,
         level: float = DEFAULT_LEVEL,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         """``clock``: the engine's (:attr:`rewardstream.processors.engine.pipeline.Pipeline.clock`),
         which times the runs' last events; ``compares``: (baseline, candidate) run ids whose
-        comparison is exported, judged by ``rule``; ``level``: the mean reward intervals'."""
+        comparison is exported, judged by ``rule``; ``level``: the mean reward intervals';
+        ``wall``: the wall clock rollouts' publish times are read against."""
+        self._wall = wall
         self.registry = registry or CollectorRegistry()
         self.duplicates = Counter(
             "rewardstream_duplicates_dropped",
@@ -382,7 +385,7 @@ class Metrics:
     def rollouts(self, events: Sequence[Rollout]) -> None:
         """Note consumed rollouts and their publish-to-visible latency (the hot path)."""
         self._agents.update([event.agent for event in events])
-        now = time.time()
+        now = self._wall()
         self._latencies.extend([now - event.published_at for event in events])
         if len(self._latencies) >= 1 << 16:
             self.fold()

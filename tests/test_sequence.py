@@ -346,9 +346,10 @@ def test_many_ladders_fit_one_member_record(tmp_path: Path) -> None:
             unit = line % 4
             event = input_event(_row(line, 0), run_id, path, line + 1)
             pipeline.handle(event.kind, event.value, f"input-{unit}")
-            result = {**_row(line, 0), "reward": float(rng.random())}
-            event = rollout_event(result, run_id, path, line + 1)
-            pipeline.handle(event.kind, event.value, f"rollout-{unit}")
+            if line != 3:  # awaited: every cut stays at 3, every ladder holds its entries
+                result = {**_row(line, 0), "reward": float(rng.random())}
+                event = rollout_event(result, run_id, path, line + 1)
+                pipeline.handle(event.kind, event.value, f"rollout-{unit}")
     membership = Membership(pipeline, Units(Topics.for_prefix("t")), "t.members", "t", "g", "m")
     record, raw = membership.record()
     assert len(raw) <= 512 << 10
@@ -363,7 +364,10 @@ def test_many_ladders_fit_one_member_record(tmp_path: Path) -> None:
     for sequence in sent:
         assert sequence is not None
         frontier, _, _, keys, *_ = sequence
-        assert 0 < len(keys) < WIRE_ENTRIES and frontier is not None and frontier > keys[-1]
+        if frontier == 3:  # unit 3's ladder waits there, with no entry
+            assert keys == []
+        else:  # the others' are cut down, their frontiers to the first entry left out
+            assert 0 < len(keys) < WIRE_ENTRIES and frontier is not None and frontier > keys[-1]
 
 
 def test_a_decided_tasks_row_in_flight_waits_for_its_result(tmp_path: Path) -> None:
@@ -649,3 +653,42 @@ async def test_a_result_the_processors_will_never_have_holds_nothing_back(
     assert {(e.task, e.failure_class, e.terminal) for e in sink.failed} == {
         (1, "unpublished", True)
     }
+
+
+def test_parts_of_different_collections_are_never_summed(tmp_path: Path) -> None:
+    """A resume's ``run_started`` starts a new epoch (its control-topic offset, the same on
+    every processor): a peer that has not read it yet still passes rows the resume will run,
+    so its ladders and the others' give no cut."""
+    assert cut([Ladder(5, order=False, epoch=0), Ladder(5, order=False, epoch=7)]) is None
+    pipeline = Pipeline(tmp_path / "p")
+    started = RunStarted(run_id="r", expected_rollouts=1, output_stem="r")
+    pipeline.handle("control", encode(started), offset=3)
+    _feed(pipeline, tmp_path, 0, "a", True)
+    assert pipeline.runs["r"].ladders()["input-0"]["a"].epoch == 0
+    pipeline.handle("control", encode(started), offset=9)
+    assert pipeline.runs["r"].ladders()["input-0"]["a"].epoch == 9
+
+
+def test_ladders_cut_to_one_entry_still_reach_every_row() -> None:
+    """Two processors whose records carry one entry per ladder (a crowded record): each
+    record moves the cuts up, and once every row is done both reach it (before: a part done
+    kept its last entries, lowering its frontier to one of them, and the other stayed a row
+    short for good)."""
+    states = _partitioned(12, 2)
+    folds = [SequenceFold(False) for _ in states]
+    floors: list[dict[str, float]] = [{}, {}]
+    for part, state in enumerate(states):
+        for line in range(part, 12, 2):
+            _result(state, line, 0, float(line % 3 == 0))
+        folds[part].update(state, state, rows_known=True)
+    for _ in range(20):
+        local = [fold.ladders(floor)["a"] for fold, floor in zip(folds, floors, strict=True)]
+        sent = [Ladder(*ladder.plain(1)) for ladder in local]
+        for me in (0, 1):
+            whole = cut([local[me], sent[1 - me]])
+            assert whole is not None
+            floors[me]["a"] = max(whole[1], floors[me].get("a", -math.inf))
+    local = [fold.ladders(floor)["a"] for fold, floor in zip(folds, floors, strict=True)]
+    for me in (0, 1):
+        whole = cut([local[me], Ladder(*local[1 - me].plain(1))])
+        assert whole is not None and whole[1] == math.inf and whole[0].n == 12

@@ -68,8 +68,9 @@ class Ladder:
     ``>= floor``, each with the sums after it (``n`` is ``base[0]`` plus its place); ``base`` sums
     the rows below ``floor``. A cut at any key ``>= floor`` is exact (:meth:`at`). ``order``:
     which dispatch order its keys are in (True: repeat-major; None: any, a bound with no
-    entries), so that parts folded in different orders (a processor that has not read a
-    resume's ``run_started`` yet) are never summed.
+    entries), and ``epoch``, which collection of the run (a resume's ``run_started`` starts a
+    new one: :meth:`~rewardstream.processors.engine.runs.Run.start`), so that parts folded in
+    different orders or collections (a processor that has not read it yet) are never summed.
     """
 
     frontier: int | None
@@ -80,6 +81,7 @@ class Ladder:
     spreads: MutableSequence[float] = field(default_factory=lambda: array("d"))
     outside: int = 0
     order: bool | None = None
+    epoch: int = 0
 
     def at(self, key: float) -> tuple[int, float, float]:
         """``(n, total, spread)`` of the rows with key below ``key`` (``>= floor``)."""
@@ -91,7 +93,15 @@ class Ladder:
     def plain(
         self, limit: int = WIRE_ENTRIES
     ) -> tuple[
-        int | None, int, tuple[int, float, float], list[int], list[float], list[float], int, bool
+        int | None,
+        int,
+        tuple[int, float, float],
+        list[int],
+        list[float],
+        list[float],
+        int,
+        bool,
+        int,
     ]:
         """Its fields as plain values (a member record's), with at most ``limit`` entries: the
         first ones, and the frontier lowered to the first left out (every cut stays exact)."""
@@ -100,16 +110,26 @@ class Ladder:
             frontier = keys.pop()
         totals, spreads = list(self.totals[:limit]), list(self.spreads[:limit])
         order = bool(self.order)
-        return frontier, self.floor, self.base, keys, totals, spreads, self.outside, order
+        return (
+            frontier,
+            self.floor,
+            self.base,
+            keys,
+            totals,
+            spreads,
+            self.outside,
+            order,
+            self.epoch,
+        )
 
 
 def cut(ladders: Iterable[Ladder], lo: float = 0.0, hi: float = 1.0) -> tuple[Tally, float] | None:
     """The parts' sums at their common frontier (the lowest), as one :class:`Tally`, and that
     key (infinite: every row done); None when some part cannot be cut that low (its floor is
     above it: a part that went back, e.g. rebuilt, until it catches up), or when parts are in
-    different dispatch orders."""
+    different dispatch orders or collections."""
     held = list(ladders)
-    if len({ld.order for ld in held if ld.order is not None}) > 1:
+    if len({(ld.order, ld.epoch) for ld in held if ld.order is not None}) > 1:
         return None
     at = min((ld.frontier for ld in held if ld.frontier is not None), default=math.inf)
     if any(ld.floor > at for ld in held):
@@ -343,11 +363,14 @@ class SequenceFold:
 
     def ladders(self, floors: Mapping[str, float] | None = None) -> dict[str, Ladder]:
         """Per agent, its ladder, first moved up to ``floors`` (per agent: the lowest cut any
-        merge will ask for from now on; entries below it are summed into the base)."""
+        merge will ask for from now on; entries below it are summed into the base; infinite:
+        every row of the run is done, and all its entries are)."""
         out = {}
         for name, agent in self._agents.items():
             ladder = agent.ladder
             floor = (floors or {}).get(name)
+            if floor == math.inf and ladder.frontier is None and ladder.keys:
+                floor = ladder.keys[-1] + 1  # a peer cut to few entries needs none of them
             if floor is not None and math.isfinite(floor) and floor >= ladder.floor:
                 self._raise_floor(ladder, int(floor))  # also entries folded below it since
             out[name] = ladder

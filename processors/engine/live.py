@@ -327,7 +327,8 @@ def bounds(
             continue  # every row is in: it has none of this agent's
         elif held and all(ld.frontier is not None for ld in held.values()):
             highest = max(ld.frontier for ld in held.values() if ld.frontier is not None)
-            out.append(Ladder(highest, order=next(iter(held.values())).order))  # its keys' order
+            first = next(iter(held.values()))  # its keys' order and collection
+            out.append(Ladder(highest, order=first.order, epoch=first.epoch))
         elif not held:
             out.append(Ladder(0))
     return out

@@ -334,7 +334,7 @@ class Pipeline:
                 control = decode_control(raw)
                 run_id = control.run_id
                 if isinstance(control, RunStarted):
-                    self._started(self.run(run_id), control)
+                    self._started(self.run(run_id), control, offset)
                 elif isinstance(control, RunFinished):
                     if not self._announced(run_id):
                         detail = f"run_finished for run {run_id!r}, which never started"
@@ -355,8 +355,8 @@ class Pipeline:
         self.judge(run)
         return run
 
-    def _started(self, run: Run, started: RunStarted) -> None:
-        run.start(started)
+    def _started(self, run: Run, started: RunStarted, offset: int | None) -> None:
+        run.start(started, offset)
         early = started.early_stop
         if early is not None and run.terminal is None and run.run_id not in self.stops:
             self.stops[run.run_id] = RunStops(early.rule())

@@ -616,6 +616,9 @@ class Run:
         self.input_units: frozenset[str] | None = None
         # the next offset to consume per unit (the pipeline's: Pipeline.positions)
         self.positions: Callable[[], Mapping[str, int]] = dict
+        # which collection of the run its sequences are of: 0, then the control topic's
+        # offset of each resume's run_started (a peer yet to read it is never summed with it)
+        self.epoch = 0
 
     def attempt_failed(self, event: AttemptFailed) -> None:
         key = (event.task, event.rollout, event.attempt)
@@ -635,16 +638,18 @@ class Run:
             self._gone.add(key)
             self.gone.append(key)
 
-    def start(self, started: RunStarted) -> None:
-        """Its ``run_started``. Rows folded before it were folded in line order (a fixed order
-        too, so their sequence was valid): under an early stop they went out repeat-major, and
-        the sequences start over in that order. A second one is a resume: rows the first part
-        said gone may be run now (more attempts, skips collected after all), so they start
-        over too (the resumed collector says again what stays gone)."""
+    def start(self, started: RunStarted, offset: int | None = None) -> None:
+        """Its ``run_started`` (at ``offset`` of the control topic, the same on every
+        processor). Rows folded before it were folded in line order (a fixed order too, so
+        their sequence was valid): under an early stop they went out repeat-major, and the
+        sequences start over in that order. A second one is a resume: rows the first part said
+        gone may be run now (more attempts, skips collected after all), so they start over too
+        (the resumed collector says again what stays gone), in a new :attr:`epoch`."""
         line_order = not self.repeat_major
         resumed, self.started = self.started is not None, started
         if resumed:
             self.gone, self._gone = [], set()
+            self.epoch = self.epoch + 1 if offset is None else offset
         if resumed or line_order != (not self.repeat_major):
             self._folds.clear()
             self._floors.clear()
@@ -672,7 +677,9 @@ class Run:
             if held[2].stale:  # a result for a row it passed over: folded again with it
                 held = self._folds[number] = (*states, SequenceFold(self.repeat_major))
                 held[2].update(states[0], states[1], self.gone, self.rows_known, done)
-            out[name] = held[2].ladders(self._floors)
+            out[name] = ladders = held[2].ladders(self._floors)
+            for ladder in ladders.values():
+                ladder.epoch = self.epoch
         return out
 
     def consumed(self, units: Iterable[str]) -> bool:

@@ -114,12 +114,25 @@ class Membership:
             )
 
         entries: int | None = WIRE_ENTRIES
-        while True:
+        record = build(entries)
+        raw = encode_record(record)
+        if len(raw) > _MEMBER_LIVE_BYTES:  # as many entries as fit, from one with one each
+            least = encode_record(build(1))
+            sent = sum(
+                min(len(ladder.keys), WIRE_ENTRIES)
+                for units in ladders.values()
+                for agents in units.values()
+                for ladder in agents.values()
+            )
+            per = (len(raw) - len(least)) / max(sent, 1)  # bytes per entry above the first
+            room = _MEMBER_LIVE_BYTES - len(least)
+            entries = None if room < 0 else 1 + int(room / per / max(len(self._frontiers), 1))
             record = build(entries)
             raw = encode_record(record)
-            if len(raw) <= _MEMBER_LIVE_BYTES or entries is None:
-                break
-            entries = None if entries == 0 else entries // 4  # 256, 64, 16, 4, 1, 0, none
+            if len(raw) > _MEMBER_LIVE_BYTES:  # the estimate was off: no summaries
+                entries = None
+                record = build(entries)
+                raw = encode_record(record)
         if entries is None and not self._live_dropped:
             log.warning(
                 "member record of %d parts' summaries above %d bytes: they are left out (peers "
@@ -129,6 +142,12 @@ class Membership:
             )
         self._live_dropped = self._live_dropped or entries is None
         return record, raw
+
+    @staticmethod
+    def _ladder_list(ladders: dict[str, dict[str, dict[str, Ladder]]]) -> list[Ladder]:
+        return [
+            ld for units in ladders.values() for agents in units.values() for ld in agents.values()
+        ]
 
     async def announce(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
         """Publish this member's record while something changed (and now and then anyway)."""

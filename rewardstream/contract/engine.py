@@ -108,7 +108,8 @@ class AgentProgress(BaseModel):
     (:class:`~rewardstream.processors.core.confseq.Tally`; None from an older processor), and
     ``sequence`` the same sequence folded in dispatch order, for a cut at one key across parts
     (:class:`~rewardstream.processors.core.sequence.Ladder`: [frontier, floor, base [n, total,
-    spread], keys, totals, spreads, outside, repeat-major]; None from an older processor)."""
+    spread], keys, totals, spreads, outside, repeat-major, epoch]; None from an older
+    processor)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -129,6 +130,7 @@ class AgentProgress(BaseModel):
             list[float],
             int,
             bool,
+            int,
         ]
         | None
     ) = None
