@@ -32,6 +32,7 @@ from rewardstream.processors.core.state import ProfileState
 __all__ = [
     "REPEAT_BITS",
     "Ladder",
+    "LadderFields",
     "SequenceFold",
     "cut",
     "dispatch_keys",
@@ -57,6 +58,13 @@ def dispatch_keys(
     fits = (tasks >= 0) & (tasks < 1 << TASK_BITS) & (rollouts >= 0) & (rollouts < 1 << REPEAT_BITS)
     keys: np.ndarray = np.where(fits, (rollouts << TASK_BITS) | tasks, -1).astype(np.int64)
     return keys
+
+
+LadderFields = tuple[
+    int | None, int, tuple[int, float, float], list[int], list[float], list[float], int, bool, int
+]
+"""A ladder as plain values (a member record's, :meth:`Ladder.plain`): frontier, floor, base,
+keys, totals, spreads, outside, order (repeat-major), epoch."""
 
 
 @dataclass
@@ -90,19 +98,7 @@ class Ladder:
             return self.base
         return self.base[0] + j, self.totals[j - 1], self.spreads[j - 1]
 
-    def plain(
-        self, limit: int = WIRE_ENTRIES
-    ) -> tuple[
-        int | None,
-        int,
-        tuple[int, float, float],
-        list[int],
-        list[float],
-        list[float],
-        int,
-        bool,
-        int,
-    ]:
+    def plain(self, limit: int = WIRE_ENTRIES) -> LadderFields:
         """Its fields as plain values (a member record's), with at most ``limit`` entries: the
         first ones, and the frontier lowered to the first left out (every cut stays exact)."""
         keys, frontier = list(self.keys[: limit + 1]), self.frontier

@@ -38,6 +38,7 @@ from pydantic import (
 from rewardstream.contract.events import Topics
 from rewardstream.contract.names import RUN_ID, STEM, fits_a_name
 from rewardstream.errors import RewardstreamError
+from rewardstream.processors.core.sequence import LadderFields
 from rewardstream.processors.core.stopping import Reason
 
 __all__ = [
@@ -120,20 +121,7 @@ class AgentProgress(BaseModel):
     passes: dict[str, tuple[float, int]]
     tokens: dict[str, tuple[int, float]] = {}
     tally: tuple[float, float, int, float, float, int] | None = None
-    sequence: (
-        tuple[
-            int | None,
-            int,
-            tuple[int, float, float],
-            list[int],
-            list[float],
-            list[float],
-            int,
-            bool,
-            int,
-        ]
-        | None
-    ) = None
+    sequence: LadderFields | None = None
 
 
 class AgentSpread(BaseModel):
