@@ -37,10 +37,11 @@ lint: install
 unit: install
 	$(BIN)/pytest -q -m "not kafka"
 
-# .venv/tools first on PATH: the Prometheus binaries .ci/system-deps takes out of Debian's package
+# .venv/tools first on PATH: the Prometheus binaries .ci/system-deps takes out of Debian's package;
+# --durations: the slowest tests named in every CI log, against .ci/run's 30-minute budget
 test: kafka-jars nemo-reference lint
 	PATH=$(CURDIR)/$(VENV)/tools:$$PATH \
-	NEMO_GYM_PYTHON=$$([ -x $(NEMO_PY) ] && echo $(CURDIR)/$(NEMO_PY)) $(BIN)/pytest -q
+	NEMO_GYM_PYTHON=$$([ -x $(NEMO_PY) ] && echo $(CURDIR)/$(NEMO_PY)) $(BIN)/pytest -q --durations=40
 
 demo: install
 	$(BIN)/rewardstream demo --output-dir demo-output
