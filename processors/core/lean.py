@@ -101,6 +101,16 @@ _DEPTH = 1000
 msgspec's guard is the recursion limit, which a caller may raise (hypothesis does)."""
 
 
+def _utf8(span: npt.NDArray[np.uint8]) -> bool:
+    """Whether the bytes are UTF-8 as orjson reads it (Python's strict decoder agrees on
+    every sequence tried: overlong forms, surrogates, beyond U+10FFFF, truncated ones)."""
+    try:
+        codecs.utf_8_decode(span.tobytes(), "strict", True)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def suspects(
     buffer: npt.NDArray[np.uint8], starts: npt.NDArray[np.intp], ends: npt.NDArray[np.intp]
 ) -> set[int]:
@@ -112,12 +122,10 @@ def suspects(
     if not len(starts):
         return set()
     found: set[int] = set()
-    wide = np.flatnonzero(np.maximum.reduceat(buffer, starts) >= 0x80)
-    for i in wide.tolist():
-        try:
-            codecs.utf_8_decode(buffer[starts[i] : ends[i]].tobytes(), "strict", True)
-        except UnicodeDecodeError:
-            found.add(i)
+    wide = np.flatnonzero(np.maximum.reduceat(buffer, starts) >= 0x80).tolist()
+    if wide and not _utf8(buffer[starts[wide[0]] : ends[wide[-1]]]):
+        # one of the lines is not UTF-8 (no sequence spans a newline): which ones
+        found.update(i for i in wide if not _utf8(buffer[starts[i] : ends[i]]))
     places: list[npt.NDArray[np.intp]] = []
     openers = np.flatnonzero((buffer | 32) == 123)  # [ and {
     if len(openers) >= _DEPTH:
