@@ -15,6 +15,7 @@ import decimal
 import json
 import random
 import struct
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -533,3 +534,32 @@ def test_a_bad_line_after_fallbacks_is_the_first_error_with_its_number(tmp_path:
     lean_error, reference_error = _states(path, None)
     assert lean_error == reference_error
     assert lean_error[0] == "error" and "at line 2501: number is infinity" in lean_error[1]
+
+
+def test_depth_is_checked_whatever_the_recursion_limit() -> None:
+    """msgspec's depth guard is the recursion limit (hypothesis raises it): the line check
+    flags a line nested as deeply as orjson refuses, at any limit."""
+    deep = b"[" * 1030 + b"]" * 1030
+    raw = b'{"_ng_task_index":0,"_ng_rollout_index":0,"x":{"y":' + deep + b"}}"
+    saved = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        assert lean.decode_result(raw) is not None  # msgspec alone would take it
+        assert lean_one(raw, None) is None
+    finally:
+        sys.setrecursionlimit(saved)
+    assert reference_one(raw, None)[0] == "error"
+
+
+def test_valid_non_ascii_lines_are_taken() -> None:
+    rows = [
+        b'{"q":"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80","reward":1.0,"_ng_task_index":%d,'
+        b'"_ng_rollout_index":0}' % t
+        for t in range(5)
+    ]
+    data = b"\n".join(rows)
+    buffer = np.frombuffer(data, np.uint8)
+    starts = np.r_[0, np.flatnonzero(buffer == 10) + 1]
+    ends = np.r_[np.flatnonzero(buffer == 10), len(data)]
+    assert lean.suspects(buffer, starts, ends) == set()
+    assert all(agree(row) for row in rows)
