@@ -257,11 +257,16 @@ class ProfileState:
         none an int beyond 2**53 (records with those go through :meth:`add_records`)."""
         schema_ids = self._schema_ids
         ids = []
+        last: object = None
+        schema = -1
         for shape in schemas:
-            schema = schema_ids.get(shape)
-            if schema is None:
-                schema = schema_ids[shape] = len(self.schemas)
-                self.schemas.append(shape)
+            if shape is not last:  # a run of one plan's rows: no tuple hashed per row
+                last = shape
+                found = schema_ids.get(shape)
+                if found is None:
+                    found = schema_ids[shape] = len(self.schemas)
+                    self.schemas.append(shape)
+                schema = found
             ids.append(schema)
         self.res_task.extend(tasks)
         self.res_rollout.extend(rollouts)
