@@ -563,3 +563,24 @@ def test_valid_non_ascii_lines_are_taken() -> None:
     ends = np.r_[np.flatnonzero(buffer == 10), len(data)]
     assert lean.suspects(buffer, starts, ends) == set()
     assert all(agree(row) for row in rows)
+
+
+def test_a_part_that_mostly_falls_back_is_read_on_by_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``_TRIAL`` lines mostly left to the reference, whole chunks go to it: one state."""
+    monkeypatch.setattr(readers, "_CHUNK", 4096)
+    calls: list[int] = []
+    real = readers._reference_lines
+
+    def counted(state: ProfileState, path: Path, chunk: Any, lines: Any, key: Any) -> None:
+        calls.append(len(lines))
+        real(state, path, chunk, lines, key)
+
+    monkeypatch.setattr(readers, "_reference_lines", counted)
+    row = b'{"reward":[%d],"n":1,"_ng_task_index":%d,"_ng_rollout_index":0}\n'
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"".join(row % (t % 2, t) for t in range(3000)))
+    lean_state, reference_state = _states(path, None)
+    assert lean_state == reference_state
+    assert max(calls) > 1  # whole chunks, once the trial is over
