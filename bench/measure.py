@@ -67,14 +67,21 @@ def tree_kb(root: int, field: str) -> list[int]:
     return found
 
 
-def measure(cmd: list[str], cwd: Path | None = None, stdout: IO[bytes] | None = None) -> Measured:
-    """Run ``cmd`` under ``/usr/bin/time -v`` (stdout discarded unless given)."""
+def measure(
+    cmd: list[str],
+    cwd: Path | None = None,
+    stdout: IO[bytes] | None = None,
+    env: dict[str, str] | None = None,
+) -> Measured:
+    """Run ``cmd`` under ``/usr/bin/time -v`` (stdout discarded unless given; ``env`` added to
+    this process's environment)."""
     peak = anon = 0
     done = threading.Event()
     start = time.perf_counter()
     proc = subprocess.Popen(
         ["/usr/bin/time", "-v", *cmd],
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
         stdout=stdout or subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

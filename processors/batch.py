@@ -22,13 +22,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
-from rewardstream.errors import InputError, InvalidRow, LineError
+from rewardstream.errors import InputError, LineError
+from rewardstream.infra import readers
 from rewardstream.infra.forking import fork
-from rewardstream.infra.jsonl import check_input_file, count_lines, iter_jsonl, split_ranges
+from rewardstream.infra.jsonl import check_input_file, count_lines, split_ranges
 from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.profile import Profile, TaskRows, build_profile
-from rewardstream.processors.core.records import ResultRecord, extract_result
-from rewardstream.processors.core.state import ProfileState, row_key
+from rewardstream.processors.core.state import ProfileState
 from rewardstream.sinks.files import (
     Aggregates,
     InputsFile,
@@ -68,9 +68,6 @@ _PARALLEL_MIN_BYTES = 64 << 20  # below this, worker start-up costs more than it
 _PART_BYTES = 64 << 20  # a worker maps one part at a time: this bounds its file-backed RSS
 
 
-_BATCH = 4096  # results stored at once (one call per result costs ~3 us more, measured)
-
-
 Part = tuple[str, Path, int, int, str | None, str | None]
 """A worker's share: (kind, file, start, end, answer key, the folder its rollout infos go to)."""
 
@@ -108,27 +105,9 @@ def _load_part(
 def _load(kind: str, path: Path, start: int, end: int, answer_key: str | None) -> ProfileState:
     state = ProfileState()
     if kind == "inputs":
-        for line in iter_jsonl(path, start, end):
-            try:
-                state.add_input(line.value, line.offset, line.offset)
-            except InvalidRow as exc:
-                raise LineError(str(path), line.lineno, str(exc)) from None
-        return state
-    tasks: list[int] = []
-    rollouts: list[int] = []
-    records: list[ResultRecord] = []
-    for line in iter_jsonl(path, start, end):
-        try:
-            task, rollout = row_key(line.value)
-            records.append(extract_result(line.value, task, rollout, answer_key))
-        except InvalidRow as exc:
-            raise LineError(str(path), line.lineno, str(exc)) from None
-        tasks.append(task)
-        rollouts.append(rollout)
-        if len(records) == _BATCH:
-            state.add_records(tasks, rollouts, records, [None] * len(records))
-            tasks, rollouts, records = [], [], []
-    state.add_records(tasks, rollouts, records, [None] * len(records))
+        readers.load_inputs(state, path, start, end)
+    else:
+        readers.load_results(state, path, start, end, answer_key)
     return state
 
 

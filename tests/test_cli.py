@@ -12,6 +12,7 @@ import pytest
 
 from rewardstream.commands.cli import main, ng_reward_profile
 from rewardstream.infra.overrides import parse_overrides
+from tests.readers import READERS, reading_with
 
 ROW = b'{"q":"x","agent_ref":{"name":"a"},"_ng_task_index":0,"_ng_rollout_index":0}\n'
 RESULT = b'{"reward":1.0,"_ng_task_index":0,"_ng_rollout_index":0}\n'
@@ -74,12 +75,18 @@ def run(inputs: Path, rollouts: Path, *extra: str) -> int:
         ),
     ],
 )
+@pytest.mark.parametrize("reader", READERS)
 def test_bad_rollouts_one_line_exit_2_nothing_written(
-    files: tuple[Path, Path], content: bytes, message: str, capsys: pytest.CaptureFixture[str]
+    files: tuple[Path, Path],
+    content: bytes,
+    message: str,
+    reader: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     inputs, rollouts = files
     rollouts.write_bytes(content)
-    assert run(inputs, rollouts) == 2
+    with reading_with(reader):
+        assert run(inputs, rollouts) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith(f"ng_reward_profile: error: {message.format(p=rollouts)}")
@@ -87,8 +94,12 @@ def test_bad_rollouts_one_line_exit_2_nothing_written(
     assert rollouts.read_bytes() == content
 
 
+@pytest.mark.parametrize("reader", READERS)
 def test_error_line_numbers_count_from_file_start_with_parallel_workers(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    reader: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("rewardstream.processors.batch._PARALLEL_MIN_BYTES", 1)
     n = 2000
@@ -99,7 +110,8 @@ def test_error_line_numbers_count_from_file_start_with_parallel_workers(
     lines = [RESULT.replace(b'"_ng_task_index":0', b'"_ng_task_index":%d' % t) for t in range(n)]
     lines[1733] = b"{oops\n"
     rollouts.write_bytes(b"".join(lines))
-    assert run(inputs, rollouts) == 2
+    with reading_with(reader):
+        assert run(inputs, rollouts) == 2
     assert f"'{rollouts}' at line 1734:" in capsys.readouterr().err
 
 

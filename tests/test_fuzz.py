@@ -47,6 +47,7 @@ from rewardstream.producers.publisher.lines import (
     parsed,
 )
 from tests.processes import make_topics
+from tests.readers import READERS, reading_with
 
 BIN = Path(sys.executable).parent
 INPUTS, ROLLOUTS = "r_materialized_inputs.jsonl", "r.jsonl"
@@ -375,6 +376,7 @@ def publish_error(path: Path, make_event: MakeEvent, follow: bool = False) -> Li
 # --------------------------------------------------------------------------- the property
 
 
+@pytest.mark.parametrize("reader", READERS)
 @settings(
     max_examples=300,
     deadline=None,
@@ -389,12 +391,12 @@ def publish_error(path: Path, make_event: MakeEvent, follow: bool = False) -> Li
 @example(Mutation(INPUTS, 4, "insert", literal=b"\xff", at=10), False, True)
 @example(Mutation(ROLLOUTS, 5, "set", ("response", "usage"), b"[1]"), True, False)
 def test_any_bad_line_is_one_located_error_and_publish_agrees(
-    m: Mutation, verb: bool, parallel: bool
+    reader: str, m: Mutation, verb: bool, parallel: bool
 ) -> None:
     inputs, rollouts, line = apply(m)
     with collection(inputs, rollouts) as files:
         before = fingerprint(files.folder)
-        with parallel_reader(parallel):
+        with parallel_reader(parallel), reading_with(reader):
             got = profile(files, verb)
         prog = "rewardstream profile" if verb else "ng_reward_profile"
         mutated = files.inputs if m.file == INPUTS else files.rollouts

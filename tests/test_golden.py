@@ -10,6 +10,7 @@ import pytest
 
 from rewardstream.commands.cli import ng_reward_profile
 from tests.golden import GOLDEN, OUTPUT_SUFFIXES, GoldenCase, golden_cases
+from tests.readers import READERS, reading_with
 
 CASES = golden_cases() if GOLDEN.exists() else []
 
@@ -23,16 +24,18 @@ def test_goldens_are_present() -> None:
         pytest.skip(message)
 
 
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_ng_reward_profile_matches_golden(
-    case: GoldenCase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: GoldenCase, reader: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     inputs, rollouts = case.copy_inputs(tmp_path)
     before = {p: p.read_bytes() for p in (inputs, rollouts)}
     argv = [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
     if case.name.endswith("+allow_partial"):
         argv.append("++allow_partial_rollouts=True")
-    code = ng_reward_profile(argv)
+    with reading_with(reader):
+        code = ng_reward_profile(argv)
     out, err = capsys.readouterr()
     assert {p: p.read_bytes() for p in (inputs, rollouts)} == before, "inputs were modified"
     error = case.expected / "error.txt"

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from rewardstream.errors import ProfileError
 from rewardstream.processors.core.profile import Profile, build_profile
+from rewardstream.processors.core.records import extract_result
 from rewardstream.processors.core.state import ProfileState
 from rewardstream.processors.core.welford import Moments, RunningStats
 
@@ -175,3 +176,24 @@ def test_rows_are_profiled_in_file_order_whatever_their_arrival() -> None:
         state.add_result({"reward": 1.0, "_ng_task_index": t, "_ng_rollout_index": 0})
     labels = [e["agent_ref"]["name"] for e in build_profile(state).agent_metrics]
     assert labels == ["alpha"]
+
+
+def test_columns_are_stored_as_their_records_are() -> None:
+    """``add_columns`` (the lean reader's) and ``add_records`` (one record per result) give
+    one state, schemas shared, entries at the same offsets."""
+    results: list[dict[str, Any]] = [
+        {"reward": 1.0, "n": 2, "_ng_task_index": 0, "_ng_rollout_index": 0},
+        {"reward": 0.5, "n": 3, "_ng_task_index": 0, "_ng_rollout_index": 1},
+        {"reward": True, "mask_sample": 1, "_ng_task_index": 1, "_ng_rollout_index": 0},
+    ]
+    records = [extract_result(r, r["_ng_task_index"], r["_ng_rollout_index"]) for r in results]
+    tasks = [r["_ng_task_index"] for r in results]
+    rollouts = [r["_ng_rollout_index"] for r in results]
+    by_records, by_columns = ProfileState(), ProfileState()
+    by_records.add_records(tasks, rollouts, records, [None] * 3)
+    names, is_int, values, infos, masked, answers, _ = zip(*records, strict=True)
+    schemas = list(zip(names, is_int, strict=True))
+    flat = [v for row in values for v in row]
+    by_columns.add_columns(tasks, rollouts, schemas, masked, answers, flat, infos)
+    assert by_columns.export_columns() == by_records.export_columns()
+    assert len(by_columns.schemas) == 2

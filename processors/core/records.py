@@ -24,6 +24,7 @@ __all__ = [
     "answer_id",
     "extract_result",
     "extract_result_reference",
+    "row_shape",
 ]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -113,14 +114,7 @@ def extract_result(
     values = tuple(result.values())
     response = result.get("response")
     usage: Any = response.get("usage") if type(response) is dict else None
-    used = tuple(usage.values()) if type(usage) is dict else ()
-    shape = (
-        tuple(result),
-        tuple(map(type, values)),
-        tuple(usage) if used else (),
-        tuple(map(type, used)),
-        type(usage),
-    )
+    shape, used = row_shape(result, values, usage)
     plan = _PLANS.get(shape, _UNSEEN)
     if plan is _UNSEEN:
         if len(_PLANS) >= _MAX_PLANS:
@@ -151,6 +145,22 @@ def extract_result(
         plan.mask >= 0 and bool(every[plan.mask]),
         NO_ANSWER if answer_key is None else answer_id(result.get(answer_key)),
     )
+
+
+def row_shape(
+    row: dict[str, Any], values: tuple[Any, ...], usage: Any
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A row's shape, what its plan is kept by (keys and value types, its usage's, the usage's
+    type), and its usage's values (the plan's positions count them after the row's)."""
+    used = tuple(usage.values()) if type(usage) is dict else ()
+    shape = (
+        tuple(row),
+        tuple(map(type, values)),
+        tuple(usage) if used else (),
+        tuple(map(type, used)),
+        type(usage),
+    )
+    return shape, used
 
 
 def _getter(positions: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:

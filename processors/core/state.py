@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import mmap
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate, chain, islice
 from typing import Any, TypeAlias
 
@@ -222,21 +222,6 @@ class ProfileState:
     ) -> None:
         """Record extracted results, column by column (the stream processor's batches: a
         third of the cost of one call per result)."""
-        schema_ids, name_id = self._schema_ids, self._name_id
-        schemas = []
-        for record in records:
-            shape = (record.names, record.is_int)
-            schema = schema_ids.get(shape)
-            if schema is None:
-                schema = schema_ids[shape] = len(self.schemas)
-                self.schemas.append(shape)
-            schemas.append(schema)
-        self.res_task.extend(tasks)
-        self.res_rollout.extend(rollouts)
-        self.res_schema.extend(schemas)
-        self.res_masked.extend([record.masked for record in records])
-        self.res_answer.extend([record.answer for record in records])
-        self.res_agent.extend([name_id(agent) for agent in agents])
         if any([record.big for record in records]):
             at = len(self.pool)
             for record in records:
@@ -244,8 +229,55 @@ class ProfileState:
                     self.big_at.append(at + column)
                     self.big_value.append(value)
                 at += len(record.values)
-        self.pool.extend(chain.from_iterable([record.values for record in records]))
-        infos = [record.info for record in records]
+        self.add_columns(
+            tasks,
+            rollouts,
+            [(record.names, record.is_int) for record in records],
+            [record.masked for record in records],
+            [record.answer for record in records],
+            chain.from_iterable([record.values for record in records]),
+            [record.info for record in records],
+            agents,
+        )
+
+    def add_columns(
+        self,
+        tasks: Sequence[int],
+        rollouts: Sequence[int],
+        schemas: Sequence[tuple[tuple[str, ...], tuple[bool, ...]]],
+        masked: Sequence[bool],
+        answers: Sequence[int],
+        values: Iterable[float],
+        infos: Sequence[bytes],
+        agents: Sequence[str | None] | None = None,
+    ) -> None:
+        """Record results given as columns (the batch reader's lean rows come so, without a
+        record per row): per result its schema (names, which are ints), mask, answer identity
+        and ``rollout_infos`` entry; ``values`` are all results' column values back to back,
+        none an int beyond 2**53 (records with those go through :meth:`add_records`)."""
+        schema_ids = self._schema_ids
+        ids = []
+        last: object = None
+        schema = -1
+        for shape in schemas:
+            if shape is not last:  # a run of one plan's rows: no tuple hashed per row
+                last = shape
+                found = schema_ids.get(shape)
+                if found is None:
+                    found = schema_ids[shape] = len(self.schemas)
+                    self.schemas.append(shape)
+                schema = found
+            ids.append(schema)
+        self.res_task.extend(tasks)
+        self.res_rollout.extend(rollouts)
+        self.res_schema.extend(ids)
+        self.res_masked.extend(masked)
+        self.res_answer.extend(answers)
+        if agents is None:
+            self.res_agent.extend(array("i", [_NO_NAME]) * len(tasks))
+        else:
+            self.res_agent.extend([self._name_id(agent) for agent in agents])
+        self.pool.extend(values)
         base = self.info_size
         self.info_pool += b"".join(infos)
         self.info_end.extend(islice(accumulate(map(len, infos), initial=base), 1, None))
