@@ -67,7 +67,10 @@ def _either(extract: Any, row: dict[str, Any], answer_key: str | None) -> Any:
 
 
 @settings(max_examples=1500, deadline=None)
-@given(st.lists(rows(), min_size=1, max_size=4), st.sampled_from([None, "score", "reward"]))
+@given(
+    st.lists(rows(), min_size=1, max_size=4),
+    st.sampled_from([None, "score", "reward", "mask_sample"]),
+)
 def test_the_plan_reads_what_the_rules_read(batch: list[dict[str, Any]], key: str | None) -> None:
     records._PLANS.clear()
     for row in batch * 2:  # the second time through a known plan
@@ -93,3 +96,13 @@ def test_rows_of_one_shape_share_one_plan_and_its_names() -> None:
 )
 def test_rows_off_the_common_path_are_read_by_the_rules(row: dict[str, Any]) -> None:
     assert _either(extract_result, row, None) == _either(extract_result_reference, row, None)
+
+
+@pytest.mark.parametrize("mask", [False, 0, None, "", [], {}])
+def test_mask_sample_as_the_answer_key_gives_no_answer(mask: Any) -> None:
+    """NeMo Gym strips ``mask_sample`` from a scored result before it reads answers: the
+    plan must not hash the mask's value (it did, where the rules gave no answer)."""
+    records._PLANS.clear()
+    row = {"reward": 1.0, "mask_sample": mask}
+    for extract in (extract_result, extract_result_reference):
+        assert extract(row, 0, 0, "mask_sample").answer == records.NO_ANSWER

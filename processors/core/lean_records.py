@@ -19,7 +19,14 @@ from typing import Any, NamedTuple
 import orjson
 
 from rewardstream.processors.core import lean
-from rewardstream.processors.core.records import NO_ANSWER, _Plan, _plan, answer_id, row_shape
+from rewardstream.processors.core.records import (
+    NO_ANSWER,
+    _Plan,
+    _plan,
+    answer_field,
+    answer_id,
+    row_shape,
+)
 
 __all__ = ["Columns", "Schema", "lean_results"]
 
@@ -71,7 +78,8 @@ def _lean_plan(shape: tuple[Any, ...], answer_key: str | None) -> _LeanPlan | No
         return None  # written raw into rollout_infos: not decoded
     if "mask_sample" in at and types[at["mask_sample"]] is lean.Obj:
         return None  # its truthiness is whether the object is empty: not decoded
-    answer = at.get(answer_key, -1) if answer_key is not None else -1
+    field = answer_field(answer_key)
+    answer = at.get(field, -1) if field is not None else -1
     if answer >= 0 and types[answer] in _UNREAD:
         return None  # answer_id hashes the content
     plan = _plan(

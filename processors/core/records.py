@@ -21,6 +21,7 @@ from rewardstream.errors import InvalidRow
 __all__ = [
     "NO_ANSWER",
     "ResultRecord",
+    "answer_field",
     "answer_id",
     "extract_result",
     "extract_result_reference",
@@ -66,6 +67,12 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value
+
+
+def answer_field(answer_key: str | None) -> str | None:
+    """The field a result's answer is read from: None (no answer) for ``mask_sample``, which
+    NeMo Gym strips from a scored result before it reads answers (``select_measured``)."""
+    return None if answer_key == "mask_sample" else answer_key
 
 
 def answer_id(value: Any) -> int:
@@ -143,7 +150,7 @@ def extract_result(
         tuple(map(float, plan.column_values(every))),
         encoded,
         plan.mask >= 0 and bool(every[plan.mask]),
-        NO_ANSWER if answer_key is None else answer_id(result.get(answer_key)),
+        NO_ANSWER if answer_field(answer_key) is None else answer_id(result.get(answer_key)),
     )
 
 
