@@ -24,7 +24,7 @@ from rewardstream.errors import InvalidRow, MissingKey
 from rewardstream.processors.core.records import ResultRecord, extract_result
 from rewardstream.processors.core.welford import Moments, RunningStats
 
-__all__ = ["LOCATOR_BITS", "ProfileState", "keys_in", "row_key", "row_names"]
+__all__ = ["LOCATOR_BITS", "ProfileState", "Shape", "keys_in", "row_key", "row_names"]
 
 LOCATOR_BITS = 40
 """Merged parts tag their locators with ``part << LOCATOR_BITS`` (offsets stay below 1 TiB)."""
@@ -36,6 +36,9 @@ _DTYPES = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
 InfoBytes = bytes | bytearray | memoryview | mmap.mmap
 """Serialized ``rollout_infos`` entries: in memory, a spill file's memory map, or a slice of a
 part received from another processor (:mod:`rewardstream.processors.engine.partwire`)."""
+
+Shape: TypeAlias = tuple[tuple[str, ...], tuple[bool, ...]]
+"""A result's numeric columns and their int flags (``ResultRecord.names``, ``.is_int``)."""
 
 Section: TypeAlias = "InfoBytes | array[Any]"  # array is generic at run time from 3.12
 """Raw bytes of one section of a state's wire form (:meth:`ProfileState.export_columns`)."""
@@ -156,8 +159,8 @@ class ProfileState:
         self.info_held: list[InfoBytes] = []
         self.info_pool = bytearray()
         self.info_end = array("q")  # end of each result's entry, counted from the first entry
-        self.schemas: list[tuple[tuple[str, ...], tuple[bool, ...]]] = []
-        self._schema_ids: dict[tuple[tuple[str, ...], tuple[bool, ...]], int] = {}
+        self.schemas: list[Shape] = []
+        self._schema_ids: dict[Shape, int] = {}
         self.res_agent = array("i")  # live-stats agent hint per result (name id, -1: none)
         self._live: dict[str, RunningStats] = {}
         self._folded = 0  # results [0, _folded) are in _live, but those left out
@@ -222,30 +225,57 @@ class ProfileState:
     ) -> None:
         """Record extracted results, column by column (the stream processor's batches: a
         third of the cost of one call per result)."""
-        schema_ids, name_id = self._schema_ids, self._name_id
-        schemas = []
-        for record in records:
-            shape = (record.names, record.is_int)
-            schema = schema_ids.get(shape)
-            if schema is None:
-                schema = schema_ids[shape] = len(self.schemas)
-                self.schemas.append(shape)
-            schemas.append(schema)
+        self.add_columns(
+            tasks,
+            rollouts,
+            agents,
+            [(record.names, record.is_int) for record in records],
+            [record.values for record in records],
+            [record.info for record in records],
+            [record.masked for record in records],
+            [record.answer for record in records],
+            [record.big for record in records],
+        )
+
+    def add_columns(
+        self,
+        tasks: Sequence[int],
+        rollouts: Sequence[int],
+        agents: Sequence[str | None],
+        shapes: Sequence[Shape],
+        values: Sequence[Sequence[float]],
+        infos: Sequence[bytes],
+        masked: Sequence[bool],
+        answers: Sequence[int],
+        bigs: Sequence[tuple[tuple[int, int], ...]] = (),
+    ) -> None:
+        """Record results given as the columns of their records (``shapes[i]`` is
+        ``(names, is_int)``; ``bigs`` empty: no exact ints): a shape object repeated from one
+        result to the next is looked up once."""
+        schema_ids = self._schema_ids
+        schemas, last, ident = [], None, 0
+        for shape in shapes:
+            if shape is not last:
+                last, ident = shape, schema_ids.get(shape, -1)
+                if ident < 0:
+                    ident = schema_ids[shape] = len(self.schemas)
+                    self.schemas.append(shape)
+            schemas.append(ident)
+        name_id = self._name_id
         self.res_task.extend(tasks)
         self.res_rollout.extend(rollouts)
         self.res_schema.extend(schemas)
-        self.res_masked.extend([record.masked for record in records])
-        self.res_answer.extend([record.answer for record in records])
+        self.res_masked.extend(masked)
+        self.res_answer.extend(answers)
         self.res_agent.extend([name_id(agent) for agent in agents])
-        if any([record.big for record in records]):
+        if any(bigs):
             at = len(self.pool)
-            for record in records:
-                for column, value in record.big:
+            for big, row in zip(bigs, values, strict=True):
+                for column, value in big:
                     self.big_at.append(at + column)
                     self.big_value.append(value)
-                at += len(record.values)
-        self.pool.extend(chain.from_iterable([record.values for record in records]))
-        infos = [record.info for record in records]
+                at += len(row)
+        self.pool.fromlist(list(chain.from_iterable(values)))  # faster than extend
         base = self.info_size
         self.info_pool += b"".join(infos)
         self.info_end.extend(islice(accumulate(map(len, infos), initial=base), 1, None))

@@ -44,12 +44,14 @@ from rewardstream.contract.events import (
     Input,
     RejectReason,
     Rollout,
+    RolloutBatch,
     RunFinished,
     RunStarted,
     decode_control,
     decode_input,
     decode_inputs,
     decode_rollout,
+    decode_rollout_batch,
     decode_rollouts,
     reject_reason,
 )
@@ -95,7 +97,7 @@ STALL_AFTER = 60.0  # seconds without an event after which an open run is stalle
 class Counters(Protocol):
     """What the engine counts as it decides (:class:`rewardstream.sinks.metrics.Metrics` is one)."""
 
-    def rollouts(self, events: Sequence[Rollout]) -> None: ...
+    def rollouts(self, agents: Sequence[str | None], published_at: Sequence[float]) -> None: ...
 
     def duplicate(self, kind: EventKind, n: int = 1) -> None: ...
 
@@ -181,8 +183,10 @@ class Pipeline:
         stall_after: float = STALL_AFTER,
         clock: Callable[[], float] = time.monotonic,
         level: float = DEFAULT_LEVEL,
+        fast: bool = True,
     ) -> None:
         self.output_dir = output_dir
+        self.fast = fast  # rollout batches take the fast path first (see handle_rollouts)
         self.level = level
         self.stall_after, self.clock = stall_after, clock
         self.started = clock()  # control events are read from the topic's start from here
@@ -486,6 +490,11 @@ class Pipeline:
         is not here: its offset is kept)."""
         if self._oversized(raws):
             return None
+        if self.fast:
+            fast = decode_rollout_batch(raws)
+            if fast is not None and self._fold_batch(unit, fast, offsets):
+                newest = None if timestamps is None else {fast.run_id: max(timestamps)}
+                return self._touched([fast.run_id], unit, newest)
         events = decode_rollouts(raws)
         if events is None:
             return None
@@ -496,6 +505,24 @@ class Pipeline:
         sent = (events, raws, [None] * len(raws) if offsets is None else offsets)
         runs = self._fold(unit, by_run, first, sent)
         return self._touched(runs, unit, _newest(events, timestamps))
+
+    def _fold_batch(self, unit: str, batch: RolloutBatch, offsets: Sequence[int] | None) -> bool:
+        """Fold a fast-path batch as :meth:`_fold` folds its events when that needs no
+        decision per event: its run open, every row here, every key new; else fold nothing
+        and return False."""
+        run_id = batch.run_id
+        if self._any_terminal((run_id,)):
+            return False
+        rows = self.units.get(_rows_unit(unit))
+        held = rows.parts.get(run_id) if rows is not None else None
+        if held is None or not held.keys.has_keys(batch.tasks, batch.rollouts):
+            return False
+        part = self._part(unit, run_id, offsets[0] if offsets else None)
+        if not part.add_batch(batch):
+            return False
+        if self.metrics:
+            self.metrics.rollouts(batch.agents, batch.published_at)
+        return True
 
     def apply(
         self,
@@ -635,7 +662,7 @@ class Pipeline:
                 at = sent[1][0] if first is None else first
                 part.hold((new[0].task, new[0].rollout), at)
             if self.metrics:
-                self.metrics.rollouts(new)
+                self.metrics.rollouts([e.agent for e in new], [e.published_at for e in new])
                 if part.duplicates > before:
                     self.metrics.duplicate("rollout", part.duplicates - before)
             if part.clashes:

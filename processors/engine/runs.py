@@ -41,9 +41,11 @@ from rewardstream.contract.events import (
     AttemptFailed,
     Input,
     Rollout,
+    RolloutBatch,
     RowSkipped,
     RunStarted,
     content_digest,
+    content_digests,
     content_sum,
 )
 from rewardstream.errors import InvalidRow
@@ -198,6 +200,31 @@ class _KeySet:
             for e in events
         )
 
+    def has_keys(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
+        """:meth:`has_all` of a batch's columns."""
+        masks, other = self._masks, self._other
+        return all(
+            masks.get(task, 0) >> rollout & 1 if 0 <= rollout < 4096 else (task, rollout) in other
+            for task, rollout in zip(tasks, rollouts, strict=True)
+        )
+
+    def add_new(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
+        """Record every key when all are new and distinct (the fast path's batch), else
+        record none and return False (the reference path sorts duplicates from conflicts)."""
+        masks, added = self._masks, dict[int, int]()
+        for task, rollout in zip(tasks, rollouts, strict=True):
+            if not 0 <= rollout < 4096:
+                return False
+            mask = added.get(task)
+            if mask is None:
+                mask = masks.get(task, 0)
+            bit = 1 << rollout
+            if mask & bit:
+                return False
+            added[task] = mask | bit
+        masks.update(added)
+        return True
+
     def add(self, task: int, rollout: int) -> bool:
         """Record the key; False when it was already there (one lookup: the hot path)."""
         if 0 <= rollout < 4096:
@@ -221,6 +248,12 @@ class _EveryKey:
 
     def has_all(self, events: Sequence[Rollout]) -> bool:
         return True
+
+    def has_keys(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
+        return True
+
+    def add_new(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
+        return False
 
     def add(self, task: int, rollout: int) -> bool:
         return False
@@ -470,6 +503,21 @@ class Part:
                 if not fresh[at]:
                     self._again(at, content_digest(event), (event.task, event.rollout))
         return new
+
+    def add_batch(self, batch: RolloutBatch) -> bool:
+        """Record a fast-path batch (:func:`~rewardstream.contract.events.decode_rollout_batch`)
+        as :meth:`add_rollouts` records its events when every key is new and distinct; else
+        record nothing and return False (the caller takes the reference path)."""
+        if not self._keys.add_new(batch.tasks, batch.rollouts):
+            return False
+        self.contents.extend(content_digests(batch))
+        self.state.add_columns(
+            *(batch.tasks, batch.rollouts, batch.agents, batch.shapes, batch.values),
+            *(batch.infos, batch.masked, batch.answers),
+        )
+        if len(self.state.info_pool) >= _INFO_CHUNK:
+            self._spill().append(self.state.take_infos())
+        return True
 
     def _again(self, at: int, digest: int, key: tuple[int, int]) -> None:
         """An event whose key was folded before (``at``: its index in the call's events): a
