@@ -226,9 +226,9 @@ class ProfileState:
         """Record extracted results, column by column (the stream processor's batches: a
         third of the cost of one call per result)."""
         self.add_columns(
-            tasks,
-            rollouts,
-            agents,
+            list(tasks),
+            list(rollouts),
+            list(agents),
             [(record.names, record.is_int) for record in records],
             [record.values for record in records],
             [record.info for record in records],
@@ -239,19 +239,20 @@ class ProfileState:
 
     def add_columns(
         self,
-        tasks: Sequence[int],
-        rollouts: Sequence[int],
-        agents: Sequence[str | None],
+        tasks: list[int],
+        rollouts: list[int],
+        agents: list[str | None],
         shapes: Sequence[Shape],
         values: Sequence[Sequence[float]],
         infos: Sequence[bytes],
-        masked: Sequence[bool],
-        answers: Sequence[int],
+        masked: list[bool],
+        answers: list[int],
         bigs: Sequence[tuple[tuple[int, int], ...]] = (),
     ) -> None:
         """Record results given as the columns of their records (``shapes[i]`` is
         ``(names, is_int)``; ``bigs`` empty: no exact ints): a shape object repeated from one
-        result to the next is looked up once."""
+        result to the next is looked up once. Lists go in by ``fromlist``, twice as fast as
+        ``extend``."""
         schema_ids = self._schema_ids
         schemas, last, ident = [], None, 0
         for shape in shapes:
@@ -261,13 +262,13 @@ class ProfileState:
                     ident = schema_ids[shape] = len(self.schemas)
                     self.schemas.append(shape)
             schemas.append(ident)
-        name_id = self._name_id
-        self.res_task.extend(tasks)
-        self.res_rollout.extend(rollouts)
-        self.res_schema.extend(schemas)
-        self.res_masked.extend(masked)
-        self.res_answer.extend(answers)
-        self.res_agent.extend([name_id(agent) for agent in agents])
+        name_ids = {agent: self._name_id(agent) for agent in set(agents)}
+        self.res_task.fromlist(tasks)
+        self.res_rollout.fromlist(rollouts)
+        self.res_schema.fromlist(schemas)
+        self.res_masked.frombytes(bytes(masked))  # 0 or 1 each
+        self.res_answer.fromlist(answers)
+        self.res_agent.fromlist(list(map(name_ids.__getitem__, agents)))
         if any(bigs):
             at = len(self.pool)
             for big, row in zip(bigs, values, strict=True):
@@ -275,7 +276,7 @@ class ProfileState:
                     self.big_at.append(at + column)
                     self.big_value.append(value)
                 at += len(row)
-        self.pool.fromlist(list(chain.from_iterable(values)))  # faster than extend
+        self.pool.fromlist(list(chain.from_iterable(values)))
         base = self.info_size
         self.info_pool += b"".join(infos)
         self.info_end.extend(islice(accumulate(map(len, infos), initial=base), 1, None))

@@ -164,7 +164,8 @@ def checked_row(row: dict[str, Any]) -> CheckedRow:
     """``row`` checked as :meth:`ProfileState.add_input` checks it, with the ``sample`` line
     the profile writes for it; raises :class:`InvalidRow` (or :class:`MissingKey`)."""
     key = row_key(row)
-    sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
+    sample = row.copy()  # the row but its key, in order: a copy and two deletions are cheapest
+    del sample["_ng_task_index"], sample["_ng_rollout_index"]
     try:
         line = orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE)
     except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
