@@ -10,7 +10,7 @@ whole pipelines; the last test plants a divergence and shows the property catche
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pytest
@@ -235,40 +235,69 @@ _SLICE = st.lists(
 )
 
 
-def _fold(folder: Path, fast: bool, slices: list[list[bytes]]) -> tuple[Any, ...]:
-    """What a pipeline holds after the run's inputs and then ``slices`` of rollouts."""
+class _Scene(NamedTuple):
+    """When the inputs come (before slice ``inputs_at``; after the last when it is their
+    count), whether every row is known then (else the run expects one more), and whether the
+    slices have offsets (else held rollouts keep their bytes)."""
+
+    slices: list[list[bytes]]
+    inputs_at: int
+    all_rows: bool
+    offsets: bool
+
+
+_SCENE = st.builds(
+    lambda slices, at, all_rows, offsets: _Scene(slices, at % (len(slices) + 1), all_rows, offsets),
+    st.lists(_SLICE, min_size=1, max_size=4),
+    st.integers(0, 4),
+    st.booleans(),
+    st.booleans(),
+)
+
+
+def _fold(folder: Path, fast: bool, scene: _Scene) -> tuple[Any, ...]:
+    """Everything a pipeline holds after ``scene``'s events."""
     rows = [
         encode_input("run", line, {"_ng_task_index": task, "_ng_rollout_index": rollout})
         for line, (task, rollout) in enumerate(
             (t, r) for t in range(_TASKS) for r in range(_REPEATS)
         )
     ]
+    expected = len(rows) + (not scene.all_rows)
     with Pipeline(folder, fast=fast) as pipeline:
-        started = RunStarted(run_id="run", expected_rollouts=len(rows), output_stem="r")
+        started = RunStarted(run_id="run", expected_rollouts=expected, output_stem="r")
         pipeline.handle("control", encode(started))
-        pipeline.apply("input", rows, "input-0", range(len(rows)))
         offset = 0
-        for chunk in slices:
-            pipeline.apply("rollout", chunk, "rollout-0", range(offset, offset + len(chunk)))
+        for at, chunk in enumerate([*scene.slices, []]):
+            if at == scene.inputs_at:
+                pipeline.apply("input", rows, "input-0", range(len(rows)))
+            if not chunk:
+                continue
+            if scene.offsets:
+                pipeline.apply("rollout", chunk, "rollout-0", range(offset, offset + len(chunk)))
+            elif pipeline.handle_rollouts(chunk, "rollout-0") is None:
+                for raw in chunk:
+                    pipeline.handle("rollout", raw, "rollout-0")
             offset += len(chunk)
-        rejected = [(r.reason, r.offset, r.detail) for r in pipeline.take_rejected()]
+        rejected = [(r.reason, r.offset, r.raw, r.detail) for r in pipeline.take_rejected()]
         parts = {}
         for run_id, run in sorted(pipeline.runs.items()):
             for name, part in sorted(run.parts.items()):
                 header, sections = part.state.export_columns(part.taken_infos())
                 state = (header, [bytes(section) for section in sections])
-                counts = (part.duplicates, part.conflicts, part.content, dict(part.unmatched))
-                parts[run_id, name] = (state, counts, part.first_offset, sorted(part.live()))
-        return rejected, parts
+                counts = (part.duplicates, part.conflicts, part.content, part.foreign)
+                held = list(part.unmatched.items())
+                parts[run_id, name] = (state, counts, held, part.first_offset, part.live())
+        return rejected, pipeline.strays, parts
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(_SLICE, min_size=1, max_size=4))
+@settings(max_examples=200, deadline=None)
+@given(_SCENE)
 def test_the_fast_fold_is_the_reference_fold(
-    tmp_path_factory: Any, slices: list[list[bytes]]
+    tmp_path_factory: pytest.TempPathFactory, scene: _Scene
 ) -> None:
     folder = tmp_path_factory.mktemp("fold")
-    assert _fold(folder / "fast", True, slices) == _fold(folder / "ref", False, slices)
+    assert _fold(folder / "fast", True, scene) == _fold(folder / "ref", False, scene)
 
 
 def test_the_fast_path_folds_the_common_batch(tmp_path: Path) -> None:
@@ -276,16 +305,16 @@ def test_the_fast_path_folds_the_common_batch(tmp_path: Path) -> None:
     taken: list[bool] = []
     original = Pipeline._fold_batch
 
-    def spy(self: Pipeline, unit: str, batch: RolloutBatch, offsets: Any) -> bool:
-        taken.append(original(self, unit, batch, offsets))
+    def spy(self: Pipeline, unit: str, batch: RolloutBatch, raws: Any, offsets: Any) -> bool:
+        taken.append(original(self, unit, batch, raws, offsets))
         return taken[-1]
 
+    scene = _Scene([chunk, chunk, chunk], 1, True, True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Pipeline, "_fold_batch", spy)
-        assert _fold(tmp_path / "fast", True, [chunk, chunk]) == _fold(
-            tmp_path / "ref", False, [chunk, chunk]
-        )
-    assert taken == [True, False]  # the second slice is duplicates: the reference's work
+        assert _fold(tmp_path / "fast", True, scene) == _fold(tmp_path / "ref", False, scene)
+    # held before their rows, then folded with them; then duplicates: the reference's work
+    assert taken == [True, False, False]
 
 
 # ------------------------------------------------------------------------- a planted fault

@@ -262,7 +262,7 @@ class ProfileState:
                     ident = schema_ids[shape] = len(self.schemas)
                     self.schemas.append(shape)
             schemas.append(ident)
-        name_ids = {agent: self._name_id(agent) for agent in set(agents)}
+        name_ids = {agent: self._name_id(agent) for agent in dict.fromkeys(agents)}  # in order
         self.res_task.fromlist(tasks)
         self.res_rollout.fromlist(rollouts)
         self.res_schema.fromlist(schemas)
@@ -497,9 +497,12 @@ class ProfileState:
         :meth:`count_in`: a rollout whose materialized row has not come (never, when none
         does: a foreign one). It is never folded in first, so nothing is taken out again."""
         at = self.num_results - 1
-        width = len(self.schemas[self.res_schema[at]][0])
+        self.leave_out_at(at, len(self.pool) - len(self.schemas[self.res_schema[at]][0]))
+
+    def leave_out_at(self, at: int, start: int) -> None:
+        """:meth:`leave_out` of result ``at``, whose values start at ``start`` in the pool."""
         self._out.add(at)
-        self._waiting[self.res_task[at], self.res_rollout[at]] = (at, len(self.pool) - width)
+        self._waiting[self.res_task[at], self.res_rollout[at]] = (at, start)
 
     def count_in(self, key: tuple[int, int]) -> None:
         """The result of ``key``, left out, counts now (its row came): a Welford update per

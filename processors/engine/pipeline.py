@@ -492,9 +492,11 @@ class Pipeline:
             return None
         if self.fast:
             fast = decode_rollout_batch(raws)
-            if fast is not None and self._fold_batch(unit, fast, offsets):
+            if fast is not None and self._fold_batch(unit, fast, raws, offsets):
                 newest = None if timestamps is None else {fast.run_id: max(timestamps)}
-                return self._touched([fast.run_id], unit, newest)
+                touched = self._touched([fast.run_id], unit, newest)
+                self.judge(touched[0])  # as handle() judges: rows may all be known
+                return touched
         events = decode_rollouts(raws)
         if events is None:
             return None
@@ -506,19 +508,22 @@ class Pipeline:
         runs = self._fold(unit, by_run, first, sent)
         return self._touched(runs, unit, _newest(events, timestamps))
 
-    def _fold_batch(self, unit: str, batch: RolloutBatch, offsets: Sequence[int] | None) -> bool:
-        """Fold a fast-path batch as :meth:`_fold` folds its events when that needs no
-        decision per event: its run open, every row here, every key new; else fold nothing
-        and return False."""
+    def _fold_batch(
+        self, unit: str, batch: RolloutBatch, raws: Sequence[bytes], offsets: Sequence[int] | None
+    ) -> bool:
+        """Fold a fast-path batch as :meth:`handle` folds its events one by one when that
+        needs no decision per event: its run open, every key new (a rollout whose row is not
+        here is held, as :meth:`_fold` holds one); else fold nothing and return False."""
         run_id = batch.run_id
         if self._any_terminal((run_id,)):
             return False
         rows = self.units.get(_rows_unit(unit))
         held = rows.parts.get(run_id) if rows is not None else None
-        if held is None or not held.keys.has_keys(batch.tasks, batch.rollouts):
-            return False
+        tasks, rollouts = batch.tasks, batch.rollouts
+        missing = held.keys.missing(tasks, rollouts) if held else range(len(tasks))
+        waiting = {at: raws[at] if offsets is None else offsets[at] for at in missing}
         part = self._part(unit, run_id, offsets[0] if offsets else None)
-        if not part.add_batch(batch):
+        if not part.add_batch(batch, waiting):
             return False
         if self.metrics:
             self.metrics.rollouts(batch.agents, batch.published_at)

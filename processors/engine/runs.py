@@ -29,7 +29,7 @@ import os
 import time
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import compress
+from itertools import accumulate, compress
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -201,13 +201,18 @@ class _KeySet:
             for e in events
         )
 
-    def has_keys(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
-        """:meth:`has_all` of a batch's columns."""
+    def missing(self, tasks: Sequence[int], rollouts: Sequence[int]) -> list[int]:
+        """The indices of a batch's keys (its columns) that are not here."""
         masks, other = self._masks, self._other
-        return all(
-            masks.get(task, 0) >> rollout & 1 if 0 <= rollout < 4096 else (task, rollout) in other
-            for task, rollout in zip(tasks, rollouts, strict=True)
-        )
+        return [
+            at
+            for at, (task, rollout) in enumerate(zip(tasks, rollouts, strict=True))
+            if not (
+                masks.get(task, 0) >> rollout & 1
+                if 0 <= rollout < 4096
+                else (task, rollout) in other
+            )
+        ]
 
     def add_new(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
         """Record every key when all are new and distinct (the fast path's batch), else
@@ -250,8 +255,8 @@ class _EveryKey:
     def has_all(self, events: Sequence[Rollout]) -> bool:
         return True
 
-    def has_keys(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
-        return True
+    def missing(self, tasks: Sequence[int], rollouts: Sequence[int]) -> list[int]:
+        return []
 
     def add_new(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
         return False
@@ -505,19 +510,29 @@ class Part:
                     self._again(at, content_digest(event), (event.task, event.rollout))
         return new
 
-    def add_batch(self, batch: RolloutBatch) -> bool:
+    def add_batch(self, batch: RolloutBatch, waiting: Mapping[int, int | bytes]) -> bool:
         """Record a fast-path batch (:func:`~rewardstream.contract.events.decode_rollout_batch`)
-        as :meth:`add_rollouts` records its events when every key is new and distinct; else
-        record nothing and return False (the caller takes the reference path)."""
+        as :meth:`add_rollouts` and :meth:`hold` record its events one by one when every key
+        is new and distinct; else record nothing and return False (the caller takes the
+        reference path). ``waiting``: per index of a rollout whose materialized row is not
+        here, its offset (or bytes)."""
         if not self._keys.add_new(batch.tasks, batch.rollouts):
             return False
         self.contents.extend(content_digests(batch))
-        self.state.add_columns(
+        state = self.state
+        first, pool_at = state.num_results, len(state.pool)
+        state.add_columns(
             *(batch.tasks, batch.rollouts, batch.agents, batch.shapes, batch.values),
             *(batch.infos, batch.masked, batch.answers),
         )
-        if len(self.state.info_pool) >= _INFO_CHUNK:
-            self._spill().append(self.state.take_infos())
+        if waiting:
+            widths = (len(names) for names, _ in batch.shapes)
+            starts = list(accumulate(widths, initial=pool_at))
+            for at, where in waiting.items():
+                self.unmatched[batch.tasks[at], batch.rollouts[at]] = where
+                state.leave_out_at(first + at, starts[at])
+        if len(state.info_pool) >= _INFO_CHUNK:
+            self._spill().append(state.take_infos())
         return True
 
     def _again(self, at: int, digest: int, key: tuple[int, int]) -> None:
