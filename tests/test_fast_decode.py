@@ -235,21 +235,47 @@ _SLICE = st.lists(
 )
 
 
+def _row(task: int, rollout: int, line: int, run_id: str = "run", **more: Any) -> bytes:
+    row = {"_ng_task_index": task, "_ng_rollout_index": rollout, **more}
+    return encode_input(run_id, line, row)
+
+
+_ROWS = [
+    _row(t, r, t * _REPEATS + r, agent_ref={"name": "ab"[r % 2]})
+    for t in range(_TASKS)
+    for r in range(_REPEATS)
+]
+_ODD_ROW = st.sampled_from(
+    [
+        _ROWS[0],  # a duplicate
+        _row(0, 0, 0, x=1),  # a conflict
+        _row(1, 1, 4, "run.2"),  # another run's
+        _row(0, 5000, 99),  # an index beyond the key set's bit masks
+        b"{}",
+    ]
+)
+
+
 class _Scene(NamedTuple):
     """When the inputs come (before slice ``inputs_at``; after the last when it is their
-    count), whether every row is known then (else the run expects one more), and whether the
-    slices have offsets (else held rollouts keep their bytes)."""
+    count), in two slices, ``extra`` inputs in the first; whether every row is known then
+    (else the run expects one more), and whether the slices have offsets (else held rollouts
+    keep their bytes)."""
 
     slices: list[list[bytes]]
     inputs_at: int
+    extra: list[bytes]
     all_rows: bool
     offsets: bool
 
 
 _SCENE = st.builds(
-    lambda slices, at, all_rows, offsets: _Scene(slices, at % (len(slices) + 1), all_rows, offsets),
+    lambda slices, at, extra, all_rows, offsets: _Scene(
+        slices, at % (len(slices) + 1), extra, all_rows, offsets
+    ),
     st.lists(_SLICE, min_size=1, max_size=4),
     st.integers(0, 4),
+    st.lists(_ODD_ROW, max_size=2),
     st.booleans(),
     st.booleans(),
 )
@@ -257,20 +283,17 @@ _SCENE = st.builds(
 
 def _fold(folder: Path, fast: bool, scene: _Scene) -> tuple[Any, ...]:
     """Everything a pipeline holds after ``scene``'s events."""
-    rows = [
-        encode_input("run", line, {"_ng_task_index": task, "_ng_rollout_index": rollout})
-        for line, (task, rollout) in enumerate(
-            (t, r) for t in range(_TASKS) for r in range(_REPEATS)
-        )
-    ]
-    expected = len(rows) + (not scene.all_rows)
+    expected = len(_ROWS) + (not scene.all_rows)
+    half = len(_ROWS) // 2
+    inputs = [[*_ROWS[:half], *scene.extra], _ROWS[half:]]
     with Pipeline(folder, fast=fast) as pipeline:
         started = RunStarted(run_id="run", expected_rollouts=expected, output_stem="r")
         pipeline.handle("control", encode(started))
         offset = 0
         for at, chunk in enumerate([*scene.slices, []]):
             if at == scene.inputs_at:
-                pipeline.apply("input", rows, "input-0", range(len(rows)))
+                for n, rows in enumerate(inputs, 1):
+                    pipeline.apply("input", rows, "input-0", range(n * 100, n * 100 + len(rows)))
             if not chunk:
                 continue
             if scene.offsets:
@@ -309,7 +332,7 @@ def test_the_fast_path_folds_the_common_batch(tmp_path: Path) -> None:
         taken.append(original(self, unit, batch, raws, offsets))
         return taken[-1]
 
-    scene = _Scene([chunk, chunk, chunk], 1, True, True)
+    scene = _Scene([chunk, chunk, chunk], 1, [], True, True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Pipeline, "_fold_batch", spy)
         assert _fold(tmp_path / "fast", True, scene) == _fold(tmp_path / "ref", False, scene)

@@ -202,6 +202,25 @@ class ProfileState:
         self.in_locator.append(locator)
         self.in_order.append(order)
 
+    def add_inputs(
+        self,
+        keys: list[tuple[int, int]],
+        names: list[tuple[str | None, str | None]],
+        locators: list[int],
+        orders: list[int],
+    ) -> None:
+        """:meth:`add_input` of checked rows, column by column (the stream processor's
+        batches); names get their ids in the order one call per row gives them."""
+        name_ids = {name: self._name_id(name) for name in dict.fromkeys(chain(*names))}
+        tasks, rollouts = zip(*keys, strict=True) if keys else ((), ())
+        agents, servers = zip(*names, strict=True) if names else ((), ())
+        self.in_task.fromlist(list(tasks))
+        self.in_rollout.fromlist(list(rollouts))
+        self.in_agent.fromlist(list(map(name_ids.__getitem__, agents)))
+        self.in_server.fromlist(list(map(name_ids.__getitem__, servers)))
+        self.in_locator.fromlist(locators)
+        self.in_order.fromlist(orders)
+
     def add_result(
         self, result: dict[str, Any], agent: str | None = None, answer_key: str | None = None
     ) -> None:

@@ -321,7 +321,7 @@ class Pipeline:
                 part = self._part(name, run_id, offset)
                 before = part.duplicates
                 if part.add_input(ev_in):
-                    self._row_came(name, run_id, row_key(ev_in.row))
+                    self._rows_came(name, run_id, [row_key(ev_in.row)])
                 elif self.metrics and part.duplicates > before:
                     self.metrics.duplicate(kind)
                 self._conflicts(kind, run_id, part, [ev_in], [raw], [offset])
@@ -402,17 +402,25 @@ class Pipeline:
             checked = [checked_row(event.row) for event in events]
         except RewardstreamError:
             return None
-        if self._any_terminal({event.run_id for event in events}):
+        run_ids = {event.run_id for event in events}
+        if self._any_terminal(run_ids):
             return None
         parts: dict[str, Part] = {}
         duplicates = 0
         first = offsets[0] if offsets else None
-        for i, (event, row, raw) in enumerate(zip(events, checked, raws, strict=True)):
+        todo = zip(events, checked, raws, strict=True)
+        if self.fast and len(run_ids) == 1:  # every key new: the rows go in as columns
+            run_id = events[0].run_id
+            one = self._part(unit, run_id, first)
+            if one.add_inputs(events, checked):
+                self._rows_came(unit, run_id, [row.key for row in checked])
+                parts[run_id], todo = one, zip()
+        for i, (event, row, raw) in enumerate(todo):
             part = parts.get(event.run_id)
             if part is None:
                 part = parts[event.run_id] = self._part(unit, event.run_id, first)
             if part.add_input(event, row):
-                self._row_came(unit, event.run_id, row.key)
+                self._rows_came(unit, event.run_id, [row.key])
             else:
                 at = [None if offsets is None else offsets[i]]
                 duplicates += not self._conflicts("input", event.run_id, part, [event], [raw], at)
@@ -558,12 +566,13 @@ class Pipeline:
                 return False
         return True
 
-    def _row_came(self, unit: str, run_id: str, key: tuple[int, int]) -> None:
-        """A new materialized row: the rollout of its key, if it came first, now counts."""
+    def _rows_came(self, unit: str, run_id: str, keys: Iterable[tuple[int, int]]) -> None:
+        """New materialized rows: the rollout of each key, if it came first, now counts."""
         rollouts = self.units.get(_rollouts_unit(unit))
         part = rollouts.parts.get(run_id) if rollouts is not None else None
         if part is not None and part.unmatched:
-            part.row_came(key)
+            for key in keys:
+                part.row_came(key)
 
     def judge(self, run: Run, final: Done | None = None) -> None:
         """Park the run's rollouts held here whose key is no materialized row's, now that every

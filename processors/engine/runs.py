@@ -484,6 +484,21 @@ class Part:
         self.contents.add(content_digest(event))
         return True
 
+    def add_inputs(self, events: Sequence[Input], checked: Sequence[CheckedRow]) -> bool:
+        """Record checked rows as :meth:`add_input` records them one by one when every key is
+        new and distinct (the batch path); else record nothing and return False."""
+        keys = [row.key for row in checked]
+        if not self._keys.add_new([key[0] for key in keys], [key[1] for key in keys]):
+            return False
+        spill = self._spill()
+        samples = [row.sample for row in checked]
+        locators = list(accumulate(map(len, samples), initial=spill.size))
+        spill.append(b"".join(samples))
+        orders = [event.line for event in events]
+        self.state.add_inputs(keys, [row.names for row in checked], locators[:-1], orders)
+        self.contents.extend([content_digest(event) for event in events])
+        return True
+
     def add_rollout(self, event: Rollout) -> bool:
         """Record one rollout; False when it was seen before."""
         return bool(self.add_rollouts([event]))
