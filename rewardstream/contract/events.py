@@ -16,7 +16,9 @@ Each event is defined once, as a msgspec struct (:class:`Input`, :class:`Rollout
 at the same time its
 schema (the rules are its field types; ``msgspec.json.schema(Rollout)`` writes them as JSON
 Schema), the type the processor applies, and what :func:`encode` writes. Decoding is on the
-processor's hot path: msgspec's compiled decoder parses and checks a rollout event in one pass.
+processor's hot path: msgspec's compiled decoder parses and checks a rollout event in one pass,
+and a slice of them goes into columns (:func:`decode_rollout_batch`) unless some event needs the
+reference's judgement (:func:`decode_rollouts`, :func:`decode_rollout`).
 JSON itself is read by the batch reader's rules (docs/nemo-gym-compat.md §Reading JSONL:
 NaN/Infinity rejected, ints beyond 64 bits become floats): those are orjson's, so an event
 msgspec rejects is parsed again by orjson, whose error (``not-json``, ``non-finite-number``)
@@ -694,7 +696,9 @@ def _objects_as_orjson_writes_them(infos: list[bytes]) -> bool:
     and writes back byte for byte, in one round trip for all; raises orjson's errors."""
     joined = b"[%b]" % b",".join(infos)
     parsed = orjson.loads(joined)
-    return orjson.dumps(parsed) == joined and all([type(info) is dict for info in parsed])
+    if orjson.dumps(parsed) != joined or len(parsed) != len(infos):
+        return False
+    return all([type(info) is dict for info in parsed])
 
 
 def decode_rollout_batch(raws: Sequence[bytes]) -> RolloutBatch | None:
