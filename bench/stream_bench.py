@@ -45,6 +45,7 @@ from rewardstream.contract.events import (
     RunStarted,
     Topics,
     decode_inputs,
+    decode_rollout_batch,
     decode_rollouts,
     encode,
 )
@@ -122,7 +123,8 @@ def confluent_floor(bootstrap: str, topic: str, n: int) -> tuple[float, float] |
 
 def stage_costs(work: Path, inputs: list[bytes], rollouts: list[bytes], started: bytes) -> str:
     """CPU per event of the processor's stages, in process on the same bytes, in its slices of
-    2,000: decoding (with the checks), then the whole apply (decode, dedupe, fold, and the
+    2,000: decoding (with the checks; rollouts into columns, the processor's path, and into
+    events, the reference it falls back to), then the whole apply (decode, dedupe, fold, and the
     early-stop decisions after each slice, as the processor makes them after each batch) of
     the run ``started`` announces."""
 
@@ -138,7 +140,8 @@ def stage_costs(work: Path, inputs: list[bytes], rollouts: list[bytes], started:
     costs = {
         "decode input": per_event(lambda raws, _: decode_inputs(raws), inputs),
         "apply input": per_event(lambda r, at: pipeline.apply("input", r, "input-0", at), inputs),
-        "decode rollout": per_event(lambda raws, _: decode_rollouts(raws), rollouts),
+        "decode rollout": per_event(lambda raws, _: decode_rollout_batch(raws), rollouts),
+        "(as events, the reference)": per_event(lambda raws, _: decode_rollouts(raws), rollouts),
         "apply rollout": per_event(lambda r, at: _apply_and_decide(pipeline, r, at), rollouts),
     }
     parts = [f"{stage} {cost:.1f}" for stage, cost in costs.items()]

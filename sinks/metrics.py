@@ -27,7 +27,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from rewardstream.contract.events import REJECT_REASONS, RejectReason, Rollout
+from rewardstream.contract.events import REJECT_REASONS, RejectReason
 from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.difference import (
     BETTER,
@@ -382,11 +382,12 @@ class Metrics:
     def reject(self, kind: EventKind, reason: RejectReason, n: int = 1) -> None:
         self.rejected.labels(kind, reason).inc(n)
 
-    def rollouts(self, events: Sequence[Rollout]) -> None:
-        """Note consumed rollouts and their publish-to-visible latency (the hot path)."""
-        self._agents.update([event.agent for event in events])
+    def rollouts(self, agents: Sequence[str | None], published_at: Sequence[float]) -> None:
+        """Note consumed rollouts (their agents, their publishers' clocks) and their
+        publish-to-visible latency (the hot path)."""
+        self._agents.update(agents)
         now = self._wall()
-        self._latencies.extend([now - event.published_at for event in events])
+        self._latencies.extend([now - at for at in published_at])
         if len(self._latencies) >= 1 << 16:
             self.fold()
 

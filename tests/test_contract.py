@@ -449,21 +449,28 @@ def test_rollout_decoding_of_odd_bytes_agrees_with_the_oracle(raw: bytes) -> Non
     assert _verdict(decode_rollout, raw) == oracle_rollout(raw)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.integers(0, len(_RAW)), st.integers(0, 4), st.binary(max_size=4)),
-        min_size=1,
-        max_size=3,
-    )
+_DAMAGE = st.lists(
+    st.tuples(st.integers(0, len(_RAW)), st.integers(0, 4), st.binary(max_size=4)),
+    min_size=1,
+    max_size=3,
 )
-def test_rollout_decoding_of_damaged_bytes_agrees_with_the_oracle(
-    damage: list[tuple[int, int, bytes]],
-) -> None:
+
+
+def _damaged(damage: list[tuple[int, int, bytes]]) -> bytes:
+    """``_RAW`` with each (at, size) span replaced by the bytes given."""
     raw = bytearray(_RAW)
     for at, size, inserted in damage:
         raw[at : at + size] = inserted
-    assert _verdict(decode_rollout, bytes(raw)) == oracle_rollout(bytes(raw))
+    return bytes(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_DAMAGE)
+def test_rollout_decoding_of_damaged_bytes_agrees_with_the_oracle(
+    damage: list[tuple[int, int, bytes]],
+) -> None:
+    raw = _damaged(damage)
+    assert _verdict(decode_rollout, raw) == oracle_rollout(raw)
 
 
 @settings(max_examples=200, deadline=None)

@@ -22,11 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rewardstream.commands.cli import main as cli_main
 from rewardstream.commands.cli import ng_reward_profile
-from rewardstream.contract.events import Rollout, Topics
+from rewardstream.contract.events import Topics
 from rewardstream.kafka.local import free_port
 from rewardstream.processors.core.confseq import Tally
 from rewardstream.processors.core.difference import Rule
-from rewardstream.processors.core.records import ResultRecord
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.server import make_app, serve
 from rewardstream.producers.events import input_events, rollout_events
@@ -184,14 +183,8 @@ async def test_real_prometheus_scrapes_the_processor(served: tuple[str, Pipeline
 def test_latency_notes_fold_into_cumulative_le_buckets() -> None:
     now = time.time()
     metrics = Metrics(dict, wall=lambda: now)  # a loaded machine's delays are not latencies
-    record = ResultRecord(("reward",), (False,), (1.0,), b"{}", False)
     ages = (0.001, 0.01, 0.2, 100.0)
-    metrics.rollouts(
-        [
-            Rollout(run_id="r", task=i, rollout=0, agent="a", record=record, published_at=now - age)
-            for i, age in enumerate(ages)
-        ]
-    )
+    metrics.rollouts(["a"] * len(ages), [now - age for age in ages])
     got = _samples(metrics)
     bucket = "rewardstream_publish_to_visible_seconds_bucket"
     assert got[(bucket, (("le", "0.005"),))] == 1

@@ -194,6 +194,6 @@ def test_columns_are_stored_as_their_records_are() -> None:
     names, is_int, values, infos, masked, answers, _ = zip(*records, strict=True)
     schemas = list(zip(names, is_int, strict=True))
     flat = [v for row in values for v in row]
-    by_columns.add_columns(tasks, rollouts, schemas, masked, answers, flat, infos)
+    by_columns.add_columns(tasks, rollouts, schemas, list(masked), list(answers), flat, infos)
     assert by_columns.export_columns() == by_records.export_columns()
     assert len(by_columns.schemas) == 2

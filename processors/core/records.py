@@ -150,7 +150,7 @@ def extract_result(
         tuple(map(float, plan.column_values(every))),
         encoded,
         plan.mask >= 0 and bool(every[plan.mask]),
-        NO_ANSWER if answer_field(answer_key) is None else answer_id(result.get(answer_key)),
+        NO_ANSWER if (field := answer_field(answer_key)) is None else answer_id(result.get(field)),
     )
 
 

@@ -44,12 +44,14 @@ from rewardstream.contract.events import (
     Input,
     RejectReason,
     Rollout,
+    RolloutBatch,
     RunFinished,
     RunStarted,
     decode_control,
     decode_input,
     decode_inputs,
     decode_rollout,
+    decode_rollout_batch,
     decode_rollouts,
     reject_reason,
 )
@@ -95,7 +97,7 @@ STALL_AFTER = 60.0  # seconds without an event after which an open run is stalle
 class Counters(Protocol):
     """What the engine counts as it decides (:class:`rewardstream.sinks.metrics.Metrics` is one)."""
 
-    def rollouts(self, events: Sequence[Rollout]) -> None: ...
+    def rollouts(self, agents: Sequence[str | None], published_at: Sequence[float]) -> None: ...
 
     def duplicate(self, kind: EventKind, n: int = 1) -> None: ...
 
@@ -181,8 +183,10 @@ class Pipeline:
         stall_after: float = STALL_AFTER,
         clock: Callable[[], float] = time.monotonic,
         level: float = DEFAULT_LEVEL,
+        fast: bool = True,
     ) -> None:
         self.output_dir = output_dir
+        self.fast = fast  # rollout batches take the fast path first (see handle_rollouts)
         self.level = level
         self.stall_after, self.clock = stall_after, clock
         self.started = clock()  # control events are read from the topic's start from here
@@ -317,7 +321,7 @@ class Pipeline:
                 part = self._part(name, run_id, offset)
                 before = part.duplicates
                 if part.add_input(ev_in):
-                    self._row_came(name, run_id, row_key(ev_in.row))
+                    self._rows_came(name, run_id, [row_key(ev_in.row)])
                 elif self.metrics and part.duplicates > before:
                     self.metrics.duplicate(kind)
                 self._conflicts(kind, run_id, part, [ev_in], [raw], [offset])
@@ -398,17 +402,25 @@ class Pipeline:
             checked = [checked_row(event.row) for event in events]
         except RewardstreamError:
             return None
-        if self._any_terminal({event.run_id for event in events}):
+        run_ids = {event.run_id for event in events}
+        if self._any_terminal(run_ids):
             return None
         parts: dict[str, Part] = {}
         duplicates = 0
         first = offsets[0] if offsets else None
-        for i, (event, row, raw) in enumerate(zip(events, checked, raws, strict=True)):
+        todo = zip(events, checked, raws, strict=True)
+        if self.fast and len(run_ids) == 1:  # every key new: the rows go in as columns
+            run_id = events[0].run_id
+            one = self._part(unit, run_id, first)
+            if one.add_inputs(events, checked):
+                self._rows_came(unit, run_id, [row.key for row in checked])
+                parts[run_id], todo = one, zip()
+        for i, (event, row, raw) in enumerate(todo):
             part = parts.get(event.run_id)
             if part is None:
                 part = parts[event.run_id] = self._part(unit, event.run_id, first)
             if part.add_input(event, row):
-                self._row_came(unit, event.run_id, row.key)
+                self._rows_came(unit, event.run_id, [row.key])
             else:
                 at = [None if offsets is None else offsets[i]]
                 duplicates += not self._conflicts("input", event.run_id, part, [event], [raw], at)
@@ -486,6 +498,13 @@ class Pipeline:
         is not here: its offset is kept)."""
         if self._oversized(raws):
             return None
+        if self.fast:
+            fast = decode_rollout_batch(raws)
+            if fast is not None and self._fold_batch(unit, fast, raws, offsets):
+                newest = None if timestamps is None else {fast.run_id: max(timestamps)}
+                touched = self._touched([fast.run_id], unit, newest)
+                self.judge(touched[0])  # as handle() judges: rows may all be known
+                return touched
         events = decode_rollouts(raws)
         if events is None:
             return None
@@ -496,6 +515,27 @@ class Pipeline:
         sent = (events, raws, [None] * len(raws) if offsets is None else offsets)
         runs = self._fold(unit, by_run, first, sent)
         return self._touched(runs, unit, _newest(events, timestamps))
+
+    def _fold_batch(
+        self, unit: str, batch: RolloutBatch, raws: Sequence[bytes], offsets: Sequence[int] | None
+    ) -> bool:
+        """Fold a fast-path batch as :meth:`handle` folds its events one by one when that
+        needs no decision per event: its run open, every key new (a rollout whose row is not
+        here is held, as :meth:`_fold` holds one); else fold nothing and return False."""
+        run_id = batch.run_id
+        if self._any_terminal((run_id,)):
+            return False
+        rows = self.units.get(_rows_unit(unit))
+        held = rows.parts.get(run_id) if rows is not None else None
+        tasks, rollouts = batch.tasks, batch.rollouts
+        missing = held.keys.missing(tasks, rollouts) if held else range(len(tasks))
+        waiting = {at: raws[at] if offsets is None else offsets[at] for at in missing}
+        part = self._part(unit, run_id, offsets[0] if offsets else None)
+        if not part.add_batch(batch, waiting):
+            return False
+        if self.metrics:
+            self.metrics.rollouts(batch.agents, batch.published_at)
+        return True
 
     def apply(
         self,
@@ -526,12 +566,13 @@ class Pipeline:
                 return False
         return True
 
-    def _row_came(self, unit: str, run_id: str, key: tuple[int, int]) -> None:
-        """A new materialized row: the rollout of its key, if it came first, now counts."""
+    def _rows_came(self, unit: str, run_id: str, keys: Iterable[tuple[int, int]]) -> None:
+        """New materialized rows: the rollout of each key, if it came first, now counts."""
         rollouts = self.units.get(_rollouts_unit(unit))
         part = rollouts.parts.get(run_id) if rollouts is not None else None
         if part is not None and part.unmatched:
-            part.row_came(key)
+            for key in keys:
+                part.row_came(key)
 
     def judge(self, run: Run, final: Done | None = None) -> None:
         """Park the run's rollouts held here whose key is no materialized row's, now that every
@@ -635,7 +676,7 @@ class Pipeline:
                 at = sent[1][0] if first is None else first
                 part.hold((new[0].task, new[0].rollout), at)
             if self.metrics:
-                self.metrics.rollouts(new)
+                self.metrics.rollouts([e.agent for e in new], [e.published_at for e in new])
                 if part.duplicates > before:
                     self.metrics.duplicate("rollout", part.duplicates - before)
             if part.clashes:

@@ -29,7 +29,7 @@ import os
 import time
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import compress
+from itertools import accumulate, chain, compress
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -41,9 +41,11 @@ from rewardstream.contract.events import (
     AttemptFailed,
     Input,
     Rollout,
+    RolloutBatch,
     RowSkipped,
     RunStarted,
     content_digest,
+    content_digests,
     content_sum,
 )
 from rewardstream.errors import InvalidRow
@@ -162,7 +164,8 @@ def checked_row(row: dict[str, Any]) -> CheckedRow:
     """``row`` checked as :meth:`ProfileState.add_input` checks it, with the ``sample`` line
     the profile writes for it; raises :class:`InvalidRow` (or :class:`MissingKey`)."""
     key = row_key(row)
-    sample = {k: v for k, v in row.items() if k not in ("_ng_task_index", "_ng_rollout_index")}
+    sample = row.copy()  # the row but its key, in order: a copy and two deletions are cheapest
+    del sample["_ng_task_index"], sample["_ng_rollout_index"]
     try:
         line = orjson.dumps(sample, option=orjson.OPT_APPEND_NEWLINE)
     except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
@@ -198,6 +201,36 @@ class _KeySet:
             for e in events
         )
 
+    def missing(self, tasks: Sequence[int], rollouts: Sequence[int]) -> list[int]:
+        """The indices of a batch's keys (its columns) that are not here."""
+        masks, other = self._masks, self._other
+        return [
+            at
+            for at, (task, rollout) in enumerate(zip(tasks, rollouts, strict=True))
+            if not (
+                masks.get(task, 0) >> rollout & 1
+                if 0 <= rollout < 4096
+                else (task, rollout) in other
+            )
+        ]
+
+    def add_new(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
+        """Record every key when all are new and distinct (the fast path's batch), else
+        record none and return False (the reference path sorts duplicates from conflicts)."""
+        masks, added = self._masks, dict[int, int]()
+        for task, rollout in zip(tasks, rollouts, strict=True):
+            if not 0 <= rollout < 4096:
+                return False
+            mask = added.get(task)
+            if mask is None:
+                mask = masks.get(task, 0)
+            bit = 1 << rollout
+            if mask & bit:
+                return False
+            added[task] = mask | bit
+        masks.update(added)
+        return True
+
     def add(self, task: int, rollout: int) -> bool:
         """Record the key; False when it was already there (one lookup: the hot path)."""
         if 0 <= rollout < 4096:
@@ -221,6 +254,12 @@ class _EveryKey:
 
     def has_all(self, events: Sequence[Rollout]) -> bool:
         return True
+
+    def missing(self, tasks: Sequence[int], rollouts: Sequence[int]) -> list[int]:
+        return []
+
+    def add_new(self, tasks: Sequence[int], rollouts: Sequence[int]) -> bool:
+        return False
 
     def add(self, task: int, rollout: int) -> bool:
         return False
@@ -445,6 +484,21 @@ class Part:
         self.contents.add(content_digest(event))
         return True
 
+    def add_inputs(self, events: Sequence[Input], checked: Sequence[CheckedRow]) -> bool:
+        """Record checked rows as :meth:`add_input` records them one by one when every key is
+        new and distinct (the batch path); else record nothing and return False."""
+        keys = [row.key for row in checked]
+        if not self._keys.add_new([key[0] for key in keys], [key[1] for key in keys]):
+            return False
+        spill = self._spill()
+        samples = [row.sample for row in checked]
+        locators = list(accumulate(map(len, samples), initial=spill.size))
+        spill.append(b"".join(samples))
+        orders = [event.line for event in events]
+        self.state.add_inputs(keys, [row.names for row in checked], locators[:-1], orders)
+        self.contents.extend([content_digest(event) for event in events])
+        return True
+
     def add_rollout(self, event: Rollout) -> bool:
         """Record one rollout; False when it was seen before."""
         return bool(self.add_rollouts([event]))
@@ -470,6 +524,31 @@ class Part:
                 if not fresh[at]:
                     self._again(at, content_digest(event), (event.task, event.rollout))
         return new
+
+    def add_batch(self, batch: RolloutBatch, waiting: Mapping[int, int | bytes]) -> bool:
+        """Record a fast-path batch (:func:`~rewardstream.contract.events.decode_rollout_batch`)
+        as :meth:`add_rollouts` and :meth:`hold` record its events one by one when every key
+        is new and distinct; else record nothing and return False (the caller takes the
+        reference path). ``waiting``: per index of a rollout whose materialized row is not
+        here, its offset (or bytes)."""
+        if not self._keys.add_new(batch.tasks, batch.rollouts):
+            return False
+        self.contents.extend(content_digests(batch))
+        state = self.state
+        first, pool_at = state.num_results, len(state.pool)
+        state.add_columns(
+            *(batch.tasks, batch.rollouts, batch.shapes, batch.masked, batch.answers),
+            *(list(chain.from_iterable(batch.values)), batch.infos, batch.agents),
+        )
+        if waiting:
+            widths = (len(names) for names, _ in batch.shapes)
+            starts = list(accumulate(widths, initial=pool_at))
+            for at, where in waiting.items():
+                self.unmatched[batch.tasks[at], batch.rollouts[at]] = where
+                state.leave_out_at(first + at, starts[at])
+        if len(state.info_pool) >= _INFO_CHUNK:
+            self._spill().append(state.take_infos())
+        return True
 
     def _again(self, at: int, digest: int, key: tuple[int, int]) -> None:
         """An event whose key was folded before (``at``: its index in the call's events): a

@@ -16,7 +16,9 @@ Each event is defined once, as a msgspec struct (:class:`Input`, :class:`Rollout
 at the same time its
 schema (the rules are its field types; ``msgspec.json.schema(Rollout)`` writes them as JSON
 Schema), the type the processor applies, and what :func:`encode` writes. Decoding is on the
-processor's hot path: msgspec's compiled decoder parses and checks a rollout event in one pass.
+processor's hot path: msgspec's compiled decoder parses and checks a rollout event in one pass,
+and a slice of them goes into columns (:func:`decode_rollout_batch`) unless some event needs the
+reference's judgement (:func:`decode_rollouts`, :func:`decode_rollout`).
 JSON itself is read by the batch reader's rules (docs/nemo-gym-compat.md §Reading JSONL:
 NaN/Infinity rejected, ints beyond 64 bits become floats): those are orjson's, so an event
 msgspec rejects is parsed again by orjson, whose error (``not-json``, ``non-finite-number``)
@@ -50,6 +52,7 @@ from rewardstream.contract.names import (
 from rewardstream.errors import InputError, MissingKey
 from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.records import NO_ANSWER, ResultRecord
+from rewardstream.processors.core.state import Shape
 from rewardstream.processors.core.stopping import Reason, StopRule
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "Input",
     "RejectReason",
     "Rollout",
+    "RolloutBatch",
     "RolloutRecord",
     "RowSkipped",
     "RunFinished",
@@ -73,12 +77,14 @@ __all__ = [
     "checked",
     "content_bytes",
     "content_digest",
+    "content_digests",
     "content_hex",
     "content_sum",
     "decode_control",
     "decode_input",
     "decode_inputs",
     "decode_rollout",
+    "decode_rollout_batch",
     "decode_rollouts",
     "encode",
     "encode_input",
@@ -614,6 +620,131 @@ def decode_rollouts(raws: Sequence[bytes]) -> list[Rollout] | None:
     return events
 
 
+# The fast path: a batch of rollout events decoded into columns, exactly as decode_rollouts
+# decodes it or not at all (None: the caller takes the reference path above). The checks
+# Rollout.__post_init__ makes per event are made per batch, and the record's names and ints,
+# which repeat from one event to the next, are decoded once per distinct spelling.
+
+
+class _LeanRecord(Struct, forbid_unknown_fields=True, gc=False):
+    """:class:`RolloutRecord` with ``names`` and ``ints`` kept as sent (see _shape)."""
+
+    names: Raw
+    ints: Raw
+    values: tuple[_Finite, ...]
+    info: Raw
+    masked: bool
+    answer: _Int64 = NO_ANSWER
+    big: tuple[tuple[_Count, _Int64], ...] = ()
+
+
+class _LeanRollout(Struct, kw_only=True, forbid_unknown_fields=True, gc=False):
+    """:class:`Rollout`'s fields and types, without its per-event ``__post_init__``."""
+
+    v: Literal[2] = SCHEMA_VERSION
+    run_id: _RunId
+    type: Literal["rollout"] = "rollout"
+    task: _Int64
+    rollout: _Int64
+    agent: str | None = None
+    record: _LeanRecord
+    published_at: _Finite
+
+
+assert _LeanRollout.__struct_encode_fields__ == Rollout.__struct_encode_fields__
+assert _LeanRecord.__struct_encode_fields__ == RolloutRecord.__struct_encode_fields__
+
+_LEAN = msgspec.json.Decoder(_LeanRollout)
+_NAMES_TYPE = msgspec.json.Decoder(tuple[str, ...])
+_INTS_TYPE = msgspec.json.Decoder(tuple[bool, ...])
+_shapes: dict[tuple[bytes, bytes], Shape] = {}  # a few per processor: bounded below
+
+
+class RolloutBatch(NamedTuple):
+    """Rollout events of one run, decoded by :func:`decode_rollout_batch`, column by column:
+    row ``i`` of the columns is what :func:`decode_rollouts` gives as ``events[i]``, its record
+    ``ResultRecord(*shapes[i], values[i], infos[i], masked[i], answers[i])`` (no exact ints).
+    Events of one shape share its objects."""
+
+    run_id: str
+    tasks: list[int]
+    rollouts: list[int]
+    agents: list[str | None]
+    published_at: list[float]
+    shapes: list[Shape]
+    values: list[tuple[float, ...]]
+    infos: list[bytes]
+    masked: list[bool]
+    answers: list[int]
+
+
+def _shape(names: Raw, ints: Raw) -> Shape:
+    """A record's ``names`` and ``ints``, decoded once per spelling (the same bytes decode to
+    the same values; msgspec skips a Raw without checking its UTF-8, decoding checks it)."""
+    key = (bytes(names), bytes(ints))
+    shape = _shapes.get(key)
+    if shape is None:
+        shape = (_NAMES_TYPE.decode(key[0]), _INTS_TYPE.decode(key[1]))
+        if len(_shapes) >= 1_000:
+            _shapes.clear()
+        _shapes[key] = shape
+    return shape
+
+
+def _objects_as_orjson_writes_them(infos: list[bytes]) -> bool:
+    """Each of ``infos`` (one JSON value each: msgspec's Raw) is an object that orjson reads
+    and writes back byte for byte, in one round trip for all; raises orjson's errors."""
+    joined = b"[%b]" % b",".join(infos)
+    parsed = orjson.loads(joined)
+    if orjson.dumps(parsed) != joined or len(parsed) != len(infos):
+        return False
+    return all([type(info) is dict for info in parsed])
+
+
+def decode_rollout_batch(raws: Sequence[bytes]) -> RolloutBatch | None:
+    """``raws`` decoded as :func:`decode_rollouts` decodes them, in columns, when every event
+    is of one run, has no exact ints (``big``) and is valid with its ``info`` written as
+    orjson writes it; otherwise None, for :func:`decode_rollouts` to decide (it accepts
+    more). Never accepts what it rejects: tests/test_fast_decode.py."""
+    if not raws:
+        return None
+    try:
+        events = [_LEAN.decode(raw) for raw in raws]
+        run_id = events[0].run_id
+        if any([event.run_id != run_id for event in events]):
+            return None
+        _check_run_id(run_id)
+        recs = [event.record for event in events]
+        if any([rec.big for rec in recs]):
+            return None
+        first = recs[0]
+        names0, ints0 = first.names, first.ints
+        shape0 = _shape(names0, ints0)
+        shapes = [
+            shape0 if rec.names == names0 and rec.ints == ints0 else _shape(rec.names, rec.ints)
+            for rec in recs
+        ]
+        infos = [bytes(rec.info) for rec in recs]
+        if not _objects_as_orjson_writes_them(infos):
+            return None
+    except (ValueError, orjson.JSONEncodeError, RecursionError):  # BadEvent, UnicodeDecodeError
+        return None
+    if not all([len(n) == len(i) == len(r.values) for (n, i), r in zip(shapes, recs, strict=True)]):
+        return None
+    return RolloutBatch(
+        run_id,
+        [event.task for event in events],
+        [event.rollout for event in events],
+        [event.agent for event in events],
+        [event.published_at for event in events],
+        shapes,
+        [rec.values for rec in recs],
+        infos,
+        [rec.masked for rec in recs],
+        [rec.answer for rec in recs],
+    )
+
+
 _DECODERS: dict[type[_Event], Callable[[bytes], _Event]] = {
     Input: decode_input,
     Rollout: decode_rollout,
@@ -652,6 +783,28 @@ def content_digest(event: Input | Rollout) -> int:
     this schema. Same key and same digest is a duplicate; same key and another digest is a
     conflict."""
     return xxhash.xxh3_64_intdigest(content_bytes(event))
+
+
+def content_digests(batch: RolloutBatch) -> list[int]:
+    """:func:`content_digest` of each rollout of a batch, from its columns, its record packed
+    as the tuple of its fields. MessagePack concatenates: the record's first two fields, packed
+    once per shape, go in as one raw item, so the outer array holds 10 items, not 5 (its
+    one-byte header is set back to 5 items: the bytes are then :func:`content_bytes`'s)."""
+    buf, digests, last, head = bytearray(), [], None, Raw(b"")
+    encode, digest = _PACK.encode_into, xxhash.xxh3_64_intdigest
+    columns = (batch.tasks, batch.rollouts, batch.agents, batch.shapes, batch.values)
+    for task, rollout, agent, shape, values, info, masked, answer in zip(
+        *columns, batch.infos, batch.masked, batch.answers, strict=True
+    ):
+        if shape is not last:
+            last, head = shape, Raw(_RECORD_HEAD + _PACK.encode(shape)[1:])
+        encode(("r", task, rollout, agent, head, values, info, masked, answer, ()), buf)
+        buf[0] = _CONTENT_HEAD
+        digests.append(digest(buf))
+    return digests
+
+
+_RECORD_HEAD, _CONTENT_HEAD = b"\x97", 0x95  # MessagePack arrays of 7 and 5 items
 
 
 def content_sum(digests: Iterable[int]) -> int:
