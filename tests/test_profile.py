@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewardstream.processors.core import profile
-from rewardstream.processors.core.profile import _tokens, build_profile
+from rewardstream.processors.core.profile import _tokens, _unique, build_profile
 from rewardstream.processors.core.state import ProfileState
 from tests.test_state import Rows, collections, state_of
 
@@ -27,6 +27,20 @@ def test_float_tokens_are_what_orjson_writes_for_each_float(values: list[float])
 @given(st.lists(st.integers(-(2**63), 2**63 - 1)))
 def test_int_tokens_are_what_orjson_writes_for_each_int(values: list[int]) -> None:
     assert _tokens(np.array(values, dtype=np.int64)) == [orjson.dumps(v) for v in values]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-3, 40)) | st.lists(st.integers(-(2**62), 2**62)),
+    st.integers(-(2**40), 2**40),
+)
+def test_unique_is_numpys_unique(values: list[int], shift: int) -> None:
+    """Dense values (a presence table) and sparse ones (numpy's sort) alike."""
+    array = np.array(values, dtype=np.int64) + (shift if max(values, default=0) < 2**40 else 0)
+    want = np.unique(array, return_inverse=True, return_counts=True)
+    got = _unique(array)
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+    assert [g.dtype for g in got] == [np.dtype(np.int64)] * 3
 
 
 def _lines(rows: Rows, results: Rows) -> list[bytes]:

@@ -20,14 +20,17 @@ import pytest
 from bench.generate import generate
 from rewardstream.contract.events import EventKind
 from rewardstream.kafka.local import free_port
+from rewardstream.processors.core.profile import TaskRow
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.server import make_app, serve
-from rewardstream.processors.http.snapshot import SnapshotJob
+from rewardstream.processors.http.snapshot import SnapshotJob, _task_frames
+from rewardstream.sinks.files import task_lines
 from rewardstream.sinks.snapshot_wire import (
     CHUNK,
     MEDIA_TYPE,
     SnapshotError,
     SnapshotHead,
+    frames,
     receive,
 )
 from tests.golden import (
@@ -97,6 +100,18 @@ def test_two_renderers_and_ingestion_during_the_snapshot(tmp_path: Path) -> None
     assert head.files == NAMES
     partial_batch_profile(inputs, lines[:cut], tmp_path / "batch", "r")
     assert_batch_files(tmp_path / "snap", tmp_path / "batch")
+
+
+def test_task_frames_are_the_frames_of_the_rendered_lines() -> None:
+    """The renderers join each frame from the rows' pieces: the same bytes, cut at the same
+    places, as framing the lines rendered one by one (here over several frames, a row
+    straddling none)."""
+    samples = {i: b'{"s":%d}' % i * (i % 7) for i in range(400)}
+    rows = [TaskRow(b"h%d" % i * (i * 37 % 5000), i, b"t\n" * (i % 3 + 1)) for i in range(400)]
+    want = list(frames(0, task_lines(rows, samples.__getitem__)))
+    assert len(want) > 2
+    assert list(_task_frames(rows, samples.__getitem__)) == want
+    assert list(_task_frames([], samples.__getitem__)) == []
 
 
 def test_unknown_run_is_a_key_error(tmp_path: Path) -> None:

@@ -252,6 +252,24 @@ def _encode(a: I64, b: I64) -> tuple[I64, Any]:
     return codes, lambda c: (c // span + a0, c % span + b0)
 
 
+def _unique(values: I64) -> tuple[I64, I64, I64]:
+    """``np.unique(values, return_inverse=True, return_counts=True)``, the same arrays; by a
+    presence table when the values span a small range (dense key codes, task ids): linear
+    where the sort took ~0.4 s of a snapshot at 1.5M keys."""
+    n = len(values)
+    if n:
+        low = int(values.min())
+        span = int(values.max()) - low + 1
+        if span <= 4 * n + 1024:
+            at = values - low
+            counts = np.bincount(at, minlength=span)
+            present = counts > 0
+            rank = np.cumsum(present, dtype=np.int64) - 1
+            return np.flatnonzero(present) + low, rank[at], counts[present]
+    unique, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    return unique, inverse.astype(np.int64), counts.astype(np.int64)
+
+
 class _Inputs(NamedTuple):
     """The materialized rows' columns in file order (they may have arrived in any order)."""
 
@@ -297,8 +315,7 @@ def _align(state: ProfileState, inputs: _Inputs, allow_partial: bool) -> _Keys:
     tasks = np.concatenate([inputs.task, state.column(state.res_task)])
     rollouts = np.concatenate([inputs.rollout, state.column(state.res_rollout)])
     codes, decode = _encode(tasks, rollouts)
-    unique, inverse = np.unique(codes, return_inverse=True)
-    inverse = inverse.astype(np.int64)
+    unique, inverse, _ = _unique(codes)
     k_in, k_res = inverse[:n_in], inverse[n_in:]
     c_in = np.bincount(k_in, minlength=len(unique))
     c_res = np.bincount(k_res, minlength=len(unique))
@@ -333,7 +350,7 @@ def _align(state: ProfileState, inputs: _Inputs, allow_partial: bool) -> _Keys:
 
 def _pair_counts(a: I64, b: I64) -> dict[tuple[int, int], int]:
     codes, decode = _encode(a, b)
-    unique, counts = np.unique(codes, return_counts=True)
+    unique, _, counts = _unique(codes)
     x, y = decode(unique)
     return dict(zip(zip(x.tolist(), y.tolist(), strict=True), counts.tolist(), strict=True))
 
@@ -428,8 +445,11 @@ def _frame(state: ProfileState, results: I64) -> _Frame:
         for c, flag in zip(cols, is_int, strict=True):
             int_rows[c] += len(rows) if flag else 0
         placed.append((rows, cols))
-    if len(placed) == 1:  # every row has every column, in order: one gather
-        values = pool[starts[results][:, None] + np.arange(len(columns))]
+    width = len(columns)
+    if len(results) and width and schema_of.min() == schema_of.max():  # the state: one shape
+        values = pool[: len(schema_of) * width].reshape(-1, width)[results]  # rows: one gather
+    elif len(placed) == 1:  # every row has every column, in order: one gather
+        values = pool[starts[results][:, None] + np.arange(width)]
     else:
         values = np.full((len(results), len(columns)), np.nan)
         for rows, cols in placed:
@@ -660,9 +680,9 @@ def _repeat_entries(
     """The label's repeat-level rows; ``of`` are its rows of ``frame``."""
     columns = frame.columns
     by_name = sorted(range(len(columns)), key=lambda c: columns[c])
-    n_tasks = len(np.unique(tasks))
+    n_tasks = len(_unique(tasks)[0])
     entries = []
-    for r in np.unique(rollouts).tolist():
+    for r in _unique(rollouts)[0].tolist():
         rows = of[rollouts == r]
         entry: dict[str, Any] = {
             "agent_ref": {"name": label},
@@ -834,7 +854,7 @@ def _agent_metrics(
         exact = keys.exact_extremes(r.frame, rows, one, size).get(0)
         entry = keys.row(_stat_table(stats)[0].tolist(), exact)
         entry["agent_ref"] = {"name": names[lab]}
-        if len(np.unique(r.rollout[rows])) > 1:
+        if len(_unique(r.rollout[rows])[0]) > 1:
             entries = _repeat_entries(names[lab], r.rollout[rows], r.task[rows], r.frame, rows)
             repeat_metrics.extend(entries)
             entry |= _across_repeats(entries)
@@ -873,10 +893,14 @@ def build_profile(state: ProfileState, allow_partial: bool = False) -> Profile:
     m_task, m_label = in_task[measured_rows], row_label[measured_rows]
     labelled = m_label >= 0
     pair_codes, decode = _encode(m_task[labelled], m_label[labelled])
-    pair_tasks = decode(np.unique(pair_codes))[0]
-    fan_out = len(pair_tasks) != len(np.unique(pair_tasks))  # a task with two labels
+    pair_tasks = decode(_unique(pair_codes)[0])[0]
+    fan_out = len(pair_tasks) != len(_unique(pair_tasks)[0])  # a task with two labels
 
-    by_key = np.argsort(keys.of_result, kind="stable")
+    # results in key order: a result's key is its own (_align refuses duplicates), so placing
+    # each at its key is the stable argsort, without the sort
+    slot = np.full(keys.size, -1, dtype=np.int64)
+    slot[keys.of_result] = np.arange(len(keys.of_result))
+    by_key = slot[slot >= 0]
     results = by_key[~res_masked[by_key]]
     r_row = res_row[results]
     rollouts = _Rollouts(
