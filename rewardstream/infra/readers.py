@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -33,13 +33,29 @@ _CHUNK = 1 << 20  # bytes the lean reader reads at once: whole lines, re-read fr
 _TRIAL = 2000  # lines after which a part that mostly falls back is read by the reference
 
 
+def _add_input(state: ProfileState, row: Any, offset: int, path: Path, lineno: int) -> None:
+    """One materialized row by the rules, its error raised with the line's number."""
+    try:
+        state.add_input(row, offset, offset)
+    except InvalidRow as exc:
+        raise LineError(str(path), lineno, str(exc)) from None
+
+
+def _record(
+    value: Any, path: Path, lineno: int, answer_key: str | None
+) -> tuple[int, int, ResultRecord]:
+    """One result by the rules (key and record), its error raised with the line's number."""
+    try:
+        task, rollout = row_key(value)
+        return task, rollout, extract_result(value, task, rollout, answer_key)
+    except InvalidRow as exc:
+        raise LineError(str(path), lineno, str(exc)) from None
+
+
 def load_inputs_reference(state: ProfileState, path: Path, start: int, end: int) -> None:
     """The materialized rows starting in ``[start, end)``, by ``orjson.loads`` and the rules."""
     for line in iter_jsonl(path, start, end):
-        try:
-            state.add_input(line.value, line.offset, line.offset)
-        except InvalidRow as exc:
-            raise LineError(str(path), line.lineno, str(exc)) from None
+        _add_input(state, line.value, line.offset, path, line.lineno)
 
 
 def load_results_reference(
@@ -50,13 +66,10 @@ def load_results_reference(
     rollouts: list[int] = []
     records: list[ResultRecord] = []
     for line in iter_jsonl(path, start, end):
-        try:
-            task, rollout = row_key(line.value)
-            records.append(extract_result(line.value, task, rollout, answer_key))
-        except InvalidRow as exc:
-            raise LineError(str(path), line.lineno, str(exc)) from None
+        task, rollout, record = _record(line.value, path, line.lineno, answer_key)
         tasks.append(task)
         rollouts.append(rollout)
+        records.append(record)
         if len(records) == _BATCH:
             state.add_records(tasks, rollouts, records, [None] * len(records))
             tasks, rollouts, records = [], [], []
@@ -121,11 +134,7 @@ def load_inputs_lean(state: ProfileState, path: Path, start: int, end: int) -> N
             offset = chunk.offset + s
             if found is None:
                 lineno = chunk.lineno + i
-                row = parse_line(view[s:e], path, lineno)
-                try:
-                    state.add_input(row, offset, offset)
-                except InvalidRow as exc:
-                    raise LineError(str(path), lineno, str(exc)) from None
+                _add_input(state, parse_line(view[s:e], path, lineno), offset, path, lineno)
             else:
                 task, rollout, agent, server = found
                 state.add_input({}, offset, offset, (task, rollout), (agent, server))
@@ -166,13 +175,10 @@ def _reference_lines(
     for i in lines:
         lineno = chunk.lineno + i
         value = parse_line(memoryview(chunk.data)[chunk.starts[i] : chunk.ends[i]], path, lineno)
-        try:
-            task, rollout = row_key(value)
-            records.append(extract_result(value, task, rollout, answer_key))
-        except InvalidRow as exc:
-            raise LineError(str(path), lineno, str(exc)) from None
+        task, rollout, record = _record(value, path, lineno, answer_key)
         tasks.append(task)
         rollouts.append(rollout)
+        records.append(record)
     state.add_records(tasks, rollouts, records, [None] * len(records))
 
 
