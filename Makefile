@@ -38,10 +38,15 @@ unit: install
 	$(BIN)/pytest -q -m "not kafka"
 
 # .venv/tools first on PATH: the Prometheus binaries .ci/system-deps takes out of Debian's package;
-# --durations: the slowest tests named in every CI log, against .ci/run's 30-minute budget
+# --durations: the slowest tests named in every CI log, against .ci/run's 30-minute budget.
+# -n 3 --dist loadfile: three pytest-xdist workers, a file each at a time (a module's fixtures
+# stay in one worker; every worker starts its own fixture broker). Most tests wait on brokers,
+# servers and child processes, so three share two cores well (docs/development.md, "Test run")
+TEST_WORKERS ?= 3
 test: kafka-jars nemo-reference lint
 	PATH=$(CURDIR)/$(VENV)/tools:$$PATH \
-	NEMO_GYM_PYTHON=$$([ -x $(NEMO_PY) ] && echo $(CURDIR)/$(NEMO_PY)) $(BIN)/pytest -q --durations=40
+	NEMO_GYM_PYTHON=$$([ -x $(NEMO_PY) ] && echo $(CURDIR)/$(NEMO_PY)) \
+	$(BIN)/pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile
 
 demo: install
 	$(BIN)/rewardstream demo --output-dir demo-output

@@ -63,7 +63,9 @@ API_KEY = "sk-rewardstream-SECRET-a1b2c3d4e5"
 SASL_PASSWORD = "sasl-SECRET-pw-9e8d7c6b"
 WRONG_PASSWORD = "wrong-SECRET-pw-0f1e2d"
 SECRETS = (API_KEY, SASL_PASSWORD, WRONG_PASSWORD)
-ABS = f"/tmp/rs-sec-{uuid.uuid4().hex}"  # an absolute path that must never be created
+# an absolute path that must never be created; fixed, since it names parametrized tests and
+# pytest-xdist needs every worker to collect the same ones
+ABS = "/tmp/rs-sec-never-created-5f0c2b9e0d7a41c3"
 
 
 # --------------------------------------------------------------------------- helpers
