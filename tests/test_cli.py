@@ -12,6 +12,7 @@ import pytest
 
 from rewardstream.commands.cli import main, ng_reward_profile
 from rewardstream.infra.overrides import parse_overrides
+from rewardstream.processors.core.records import MAX_ANSWER_DEPTH
 from tests.readers import READERS, reading_with
 
 ROW = b'{"q":"x","agent_ref":{"name":"a"},"_ng_task_index":0,"_ng_rollout_index":0}\n'
@@ -222,6 +223,29 @@ def test_row_too_deep_to_write_back_is_a_clear_error(
     inputs.write_bytes(ROW.replace(b'"q":"x"', b'"q":' + deep))
     assert run(inputs, rollouts) == 2
     assert "a sample row cannot be written back as JSON" in capsys.readouterr().err
+    assert sorted(p.name for p in inputs.parent.iterdir()) == sorted([inputs.name, rollouts.name])
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("depth", [MAX_ANSWER_DEPTH, MAX_ANSWER_DEPTH + 1, 990])
+def test_an_answer_too_deep_to_compare_is_a_clear_error(
+    files: tuple[Path, Path], depth: int, reader: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """990 levels: orjson reads them, and comparing them took Python's recursion (a traceback)."""
+    inputs, rollouts = files
+    deep = b"[" * depth + b'"x"' + b"]" * depth
+    rollouts.write_bytes(RESULT.replace(b"{", b'{"ans":' + deep + b",", 1))
+    with reading_with(reader):
+        code = run(inputs, rollouts, "+aggregate_metrics=true", "+answer_key=ans", "+quiet=true")
+    err = capsys.readouterr().err
+    if depth <= MAX_ANSWER_DEPTH:
+        assert (code, err) == (0, "")
+        return
+    assert code == 2
+    assert err == (
+        f"ng_reward_profile: error: {rollouts} line 1: field 'ans' nests lists or objects deeper"
+        f" than {MAX_ANSWER_DEPTH} levels: too deep to compare as an answer\n"
+    )
     assert sorted(p.name for p in inputs.parent.iterdir()) == sorted([inputs.name, rollouts.name])
 
 

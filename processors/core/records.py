@@ -19,6 +19,7 @@ import orjson
 from rewardstream.errors import InvalidRow
 
 __all__ = [
+    "MAX_ANSWER_DEPTH",
     "NO_ANSWER",
     "ResultRecord",
     "answer_field",
@@ -30,6 +31,7 @@ __all__ = [
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _EXACT = 2**53
+MAX_ANSWER_DEPTH = 254  # as deep as orjson writes: an answer deeper could not be compared
 """Ints up to this magnitude are exact as floats; beyond it a record keeps them in ``big``."""
 
 NO_ANSWER = _INT64_MIN
@@ -75,13 +77,32 @@ def answer_field(answer_key: str | None) -> str | None:
     return None if answer_key == "mask_sample" else answer_key
 
 
-def answer_id(value: Any) -> int:
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value`` (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, list | dict):
+            depth += 1
+            deepest = max(deepest, depth)
+            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def answer_id(value: Any, field: str = "answer") -> int:
     """An answer as a 64-bit identity: :data:`NO_ANSWER` for None, otherwise a hash of its
     JSON form, so answers are one exactly where Python's ``==`` makes them one for JSON values
     (``1``, ``1.0`` and ``true`` are one answer, ``"1"`` another; lists and objects, which NeMo
-    Gym's ``Counter`` cannot count, compare by content)."""
+    Gym's ``Counter`` cannot count, compare by content). One nested deeper than
+    :data:`MAX_ANSWER_DEPTH` is refused (``InvalidRow`` naming ``field``): reading it would take
+    Python's recursion, and whether that fails would depend on the caller's stack."""
     if value is None:
         return NO_ANSWER
+    if isinstance(value, list | dict) and _depth(value) > MAX_ANSWER_DEPTH:
+        raise InvalidRow(
+            f"field '{field}' nests lists or objects deeper than {MAX_ANSWER_DEPTH} levels:"
+            " too deep to compare as an answer"
+        )
     try:
         text = orjson.dumps(_plain(value), option=orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits
@@ -150,7 +171,9 @@ def extract_result(
         tuple(map(float, plan.column_values(every))),
         encoded,
         plan.mask >= 0 and bool(every[plan.mask]),
-        NO_ANSWER if (field := answer_field(answer_key)) is None else answer_id(result.get(field)),
+        NO_ANSWER
+        if (field := answer_field(answer_key)) is None
+        else answer_id(result.get(field), field),
     )
 
 
@@ -321,7 +344,7 @@ def extract_result_reference(
         encoded = orjson.dumps(info)
     except orjson.JSONEncodeError as exc:  # e.g. a reward nested deeper than orjson writes
         raise InvalidRow(f"field 'reward' cannot be written back as JSON: {exc}") from None
-    answer = NO_ANSWER if answer_key is None else answer_id(result.get(answer_key))
+    answer = NO_ANSWER if answer_key is None else answer_id(result.get(answer_key), answer_key)
     big: tuple[tuple[int, int], ...] = ()
     if wide:
         exact = [merged[name] for name in names]
