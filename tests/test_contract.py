@@ -38,6 +38,34 @@ from rewardstream.contract.events import (
 )
 from rewardstream.processors.core.records import ResultRecord, extract_result
 
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.text(), JSON_VALUES, max_size=6), st.integers(0, 2**40), st.booleans())
+def test_encode_input_is_the_events_own_encoding(row: dict[str, Any], line: int, bad: bool) -> None:
+    """The input encoder joins a head to the row's dump: the bytes (or the error) of
+    ``encode(Input(...))``, a bad run id refused alike."""
+    run_id = "run id" if bad else "run-1"
+    try:
+        want: Any = encode(Input(run_id=run_id, line=line, row=row))
+    except (BadEvent, orjson.JSONEncodeError) as exc:
+        want = (type(exc), str(exc))
+    try:
+        got: Any = encode_input(run_id, line, row)
+    except (BadEvent, orjson.JSONEncodeError) as exc:
+        got = (type(exc), str(exc))
+    assert got == want
+
 
 def test_encoders_write_the_schema_2_bytes() -> None:
     row = {"q": "é", "_ng_task_index": 3, "_ng_rollout_index": 1, "x": [1.5, None]}

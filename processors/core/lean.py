@@ -42,9 +42,11 @@ _UsageValue: TypeAlias = _Exact | float | bool | str | Skipped | list[Raw] | Non
 
 
 class Obj(Struct, gc=False):
-    """A top-level object: only its ``usage`` is kept (the response's; None when absent)."""
+    """A top-level object: only its ``usage`` (the response's) and ``name`` (the agent's, in
+    ``agent_ref``) are kept; None when absent."""
 
     usage: dict[str, _UsageValue] | _Exact | float | bool | str | list[Raw] | None = None
+    name: _UsageValue = None
 
 
 _TopValue: TypeAlias = _Exact | float | bool | str | Obj | list[Raw] | None

@@ -36,7 +36,8 @@ Schema = tuple[tuple[str, ...], tuple[bool, ...]]
 
 class Columns(NamedTuple):
     """The records of consecutive lines, column by column (``values``: every row's column
-    values back to back; ``infos``: the ``rollout_infos`` entries)."""
+    values back to back; ``infos``: the ``rollout_infos`` entries; ``agents``: each row's
+    ``agent_ref.name`` when a string, as ``records.agent_of`` reads it, for the publisher)."""
 
     tasks: list[int]
     rollouts: list[int]
@@ -45,6 +46,7 @@ class Columns(NamedTuple):
     answers: list[int]
     values: list[Any]
     infos: list[bytes]
+    agents: list[str | None]
 
 
 class _LeanPlan(NamedTuple):
@@ -58,6 +60,7 @@ class _LeanPlan(NamedTuple):
     rollout: int
     answer: int
     template: bytes | None
+    agent: int
 
 
 _TYPES = {lean.Obj: dict, lean.Skipped: dict}
@@ -97,7 +100,8 @@ def _lean_plan(shape: tuple[Any, ...], answer_key: str | None) -> _LeanPlan | No
             b"," + orjson.dumps(k).replace(b"%", b"%%") + b":%s" for k in plan.info_keys[3:]
         )
         template += b"}"
-    return _LeanPlan(plan, (plan.names, plan.is_int), task, rollout, answer, template)
+    agent = at.get("agent_ref", -1)
+    return _LeanPlan(plan, (plan.names, plan.is_int), task, rollout, answer, template, agent)
 
 
 def lean_results(
@@ -146,6 +150,7 @@ class _Run:
         self.answers: list[int] = []
         self.values: list[Any] = []
         self.plans: list[_LeanPlan] = []
+        self.agents: list[str | None] = []
         self.info_values: list[Any] = []  # per row: its info values, or its entry (per-row plan)
 
     def add(self, lean_plan: _LeanPlan, every: tuple[Any, ...]) -> None:
@@ -171,6 +176,9 @@ class _Run:
         self.values.extend(plan.column_values(every))
         self.plans.append(lean_plan)
         self.info_values.append(entry)
+        ref = every[lean_plan.agent] if lean_plan.agent >= 0 else None
+        name = ref.name if type(ref) is lean.Obj else None
+        self.agents.append(name if type(name) is str else None)
 
     def columns(self, dumps: Any) -> Columns:
         """The gathered columns, each templated row's entry rendered from one ``dumps`` of all
@@ -194,5 +202,12 @@ class _Run:
             )
             infos.append(plan.template % args)
         return Columns(
-            self.tasks, self.rollouts, self.schemas, self.masked, self.answers, self.values, infos
+            self.tasks,
+            self.rollouts,
+            self.schemas,
+            self.masked,
+            self.answers,
+            self.values,
+            infos,
+            self.agents,
         )

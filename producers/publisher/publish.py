@@ -54,6 +54,7 @@ from rewardstream.contract.engine import FinalRecord
 from rewardstream.contract.events import BadEvent, RunFinished, RunStarted, Topics, checked, encode
 from rewardstream.errors import InputError
 from rewardstream.infra.jsonl import check_input_file
+from rewardstream.infra.readers import READER
 from rewardstream.kafka.config import KafkaSecurity, start_client
 from rewardstream.producers.events import WireEvent, input_event, rollout_event
 from rewardstream.producers.publisher.lines import (
@@ -63,6 +64,8 @@ from rewardstream.producers.publisher.lines import (
     MessageLimit,
     Tail,
     encode_rows,
+    file_chunks,
+    lean_rollout_chunks,
     parsed,
 )
 from rewardstream.producers.publisher.run_id import default_run_id
@@ -146,21 +149,26 @@ async def publish_files(
         page = await page_line(bootstrap, security, topics, run_id)
         doing = "following" if follow else "publishing"
         print(f"{doing} {rollouts} as run {run_id}; {page}", file=sys.stderr, flush=True)
-    make_rollout = functools.partial(rollout_event, answer_key=answer_key)
     producer = await _start_producer(bootstrap, security)
     try:
         # the limits first: an encoder names the line whose event a topic would refuse
         data = [topics.inputs, topics.rollouts, topics.control]
         limits = await message_limits(producer, bootstrap, security, data)
         with contextlib.ExitStack() as stack:
-            encoder = Encoder(inputs, input_event, run_id, limits[topics.inputs])
-            input_encoder = stack.enter_context(encoder)
-            rollouts_limit = limits[topics.rollouts]
-            rollouts_encoder = (
-                None
-                if follow
-                else stack.enter_context(Encoder(rollouts, make_rollout, run_id, rollouts_limit))
+            source = functools.partial(
+                file_chunks, inputs, input_event, run_id, limits[topics.inputs]
             )
+            input_encoder = stack.enter_context(Encoder(source))
+            rollouts_limit = limits[topics.rollouts]
+            rollouts_encoder = None
+            if not follow:
+                source = functools.partial(
+                    lean_rollout_chunks, rollouts, run_id, answer_key, rollouts_limit
+                )
+                if READER == "reference":  # the batch reader's choice (REWARDSTREAM_READER)
+                    make = functools.partial(rollout_event, answer_key=answer_key)
+                    source = functools.partial(file_chunks, rollouts, make, run_id, rollouts_limit)
+                rollouts_encoder = stack.enter_context(Encoder(source))
             sender = Sender(producer)
             bar = tqdm(
                 desc=f"publishing {rollouts.name}",

@@ -89,6 +89,7 @@ __all__ = [
     "encode",
     "encode_input",
     "encode_rollout",
+    "encode_rollouts",
     "reject_reason",
     "run_id_from",
     "task_key",
@@ -472,7 +473,14 @@ def _wire(value: object) -> dict[str, Any]:
 
 
 def encode_input(run_id: str, line: int, row: dict[str, Any]) -> bytes:
-    return orjson.dumps(_asdict(Input(run_id=run_id, line=line, row=row)), default=_wire)
+    """``encode(Input(...))``'s bytes: its head joined to the row's own dump (orjson writes a
+    nested dict as it writes it alone; ``tests/test_contract.py`` checks it), the run id
+    checked as ``Input`` checks it."""
+    if run_id not in _known_run_ids:
+        _check_run_id(run_id)
+    head = b'{"v":%d,"run_id":%s,"type":"input","line":%d,"row":'
+    row_json = orjson.dumps(row, default=_wire)
+    return b"".join((head % (SCHEMA_VERSION, orjson.dumps(run_id), line), row_json, b"}"))
 
 
 def encode_rollout(
@@ -492,6 +500,72 @@ def encode_rollout(
         published_at=published_at,
     )
     return orjson.dumps(_asdict(event), default=_wire)  # encode(event), inlined: once per line
+
+
+def encode_rollouts(
+    run_id: str,
+    tasks: Sequence[int],
+    rollouts: Sequence[int],
+    agents: Sequence[str | None],
+    shapes: Sequence[Shape],
+    masked: Sequence[bool],
+    answers: Sequence[int],
+    values: Sequence[Any],
+    infos: Sequence[bytes],
+    published_at: float,
+) -> list[bytes]:
+    """:func:`encode_rollout`'s bytes for records given as columns (as ``ProfileState.
+    add_columns`` takes them; ints as exact as floats, no ``big``), one ``published_at`` for
+    all. The bytes around the values are joined from per-shape pieces, and every row's values
+    come from one ``orjson.dumps`` (numbers only: ``],[`` splits them);
+    ``tests/test_publish_lean.py`` checks them against :func:`encode_rollout`'s."""
+    dumps = orjson.dumps
+    head = b'{"v":%d,"run_id":%s,"type":"rollout","task":' % (SCHEMA_VERSION, dumps(run_id))
+    tail = b'},"published_at":' + dumps(published_at) + b"}"
+    rows: list[tuple[float, ...]] = []
+    at = 0
+    for names, _ in shapes:
+        end = at + len(names)
+        rows.append(tuple(map(float, values[at:end])))
+        at = end
+    if at != len(values):
+        raise ValueError("values do not match the shapes' columns")
+    dumped = dumps(rows)[2:-2].split(b"],[") if rows else []
+    middles: dict[tuple[int, str | None], bytes] = {}
+    out: list[bytes] = []
+    for task, rollout, agent, shape, mask, answer, row, info in zip(
+        tasks, rollouts, agents, shapes, masked, answers, dumped, infos, strict=True
+    ):
+        middle = middles.get((id(shape), agent))
+        if middle is None:
+            names, is_int = shape
+            middle = middles[id(shape), agent] = b"".join(
+                (
+                    b',"agent":',
+                    dumps(agent),
+                    b',"record":{"names":',
+                    dumps(names),
+                    b',"ints":',
+                    dumps(is_int),
+                    b',"values":[',
+                )
+            )
+        out.append(
+            b"".join(
+                (
+                    head,
+                    b'%d,"rollout":%d' % (task, rollout),
+                    middle,
+                    row,
+                    b'],"info":',
+                    info,
+                    b',"masked":true' if mask else b',"masked":false',
+                    b"" if answer == NO_ANSWER else b',"answer":%d' % answer,
+                    tail,
+                )
+            )
+        )
+    return out
 
 
 # -------------------------------------------------------------------------------- decoding

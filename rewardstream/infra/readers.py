@@ -26,7 +26,7 @@ from rewardstream.processors.core.lean_records import lean_results
 from rewardstream.processors.core.records import ResultRecord, extract_result
 from rewardstream.processors.core.state import ProfileState, row_key
 
-__all__ = ["READER", "load_inputs", "load_results"]
+__all__ = ["READER", "line_chunks", "load_inputs", "load_results"]
 
 _BATCH = 4096  # results stored at once by the reference (one call per result costs ~3 us more)
 _CHUNK = 1 << 20  # bytes the lean reader reads at once: whole lines, re-read from the last one
@@ -88,7 +88,7 @@ class _Chunk(NamedTuple):
     offset: int
 
 
-def _chunks(path: Path, start: int, end: int) -> Iterator[_Chunk]:
+def line_chunks(path: Path, start: int, end: int) -> Iterator[_Chunk]:
     """The lines starting in ``[start, end)`` (as :func:`jsonl.iter_jsonl` numbers them), a
     chunk of bytes at a time. Read, not mapped: the chunks are plain bytes that decoded values
     (msgspec's ``Raw``) may refer to while an error is raised, where a mapping must be closed."""
@@ -126,7 +126,7 @@ def _chunks(path: Path, start: int, end: int) -> Iterator[_Chunk]:
 
 def load_inputs_lean(state: ProfileState, path: Path, start: int, end: int) -> None:
     """:func:`load_inputs_reference`'s state, each line msgspec-decoded to its key and names."""
-    for chunk in _chunks(path, start, end):
+    for chunk in line_chunks(path, start, end):
         flagged = lean.suspects(chunk.array, chunk.starts, chunk.ends)
         view = memoryview(chunk.data)
         for i, (s, e) in enumerate(zip(chunk.starts.tolist(), chunk.ends.tolist(), strict=True)):
@@ -147,7 +147,7 @@ def load_results_lean(
     the others by the reference, in file order. A part whose first :data:`_TRIAL` lines
     mostly fall back is read on by the reference (speed only: both give the same state)."""
     seen = fallen = 0
-    for chunk in _chunks(path, start, end):
+    for chunk in line_chunks(path, start, end):
         if seen >= _TRIAL and 2 * fallen > seen:
             _reference_lines(state, path, chunk, range(len(chunk.starts)), answer_key)
             continue
@@ -158,8 +158,8 @@ def load_results_lean(
             if isinstance(taken, int):
                 fallen += 1
                 _reference_lines(state, path, chunk, (taken,), answer_key)
-            else:
-                state.add_columns(*taken)
+            else:  # agents are for live stats, not a batch profile's state
+                state.add_columns(*taken[:-1])
         seen += len(lines)
 
 
