@@ -41,7 +41,7 @@ from rewardstream.processors.core.compare import task_flips
 from rewardstream.processors.core.profile import build_profile
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.server import make_app, serve
-from rewardstream.processors.http.snapshot import SnapshotJob, _task_frames
+from rewardstream.processors.http.snapshot import SnapshotJob, SnapshotLimits, _task_frames
 from rewardstream.producers.events import input_events, rollout_events
 from rewardstream.sinks.snapshot_wire import receive
 
@@ -127,7 +127,10 @@ def _stages(pipeline: Pipeline) -> None:
 
 async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int, out: Path) -> None:
     port = free_port()
-    runner, _ = await serve(make_app(pipeline, None), "127.0.0.1", port)
+    # the limit a server is started with (10 s) ends a build of this size on a loaded machine
+    # (it did, 14 s in process at load 10): a bench times the build, it does not bound it
+    limits = SnapshotLimits(timeout=600.0)
+    runner, _ = await serve(make_app(pipeline, None, limits=limits), "127.0.0.1", port)
     cli = [sys.executable, "-m", "rewardstream.commands.cli", "snapshot", "--run-id", "run"]
     cli += ["--url", f"http://127.0.0.1:{port}", "--out", str(out)]
     try:
