@@ -1,6 +1,7 @@
 """Snapshot latency and memory held per rollout, at the issue's scale (100,000 tasks x 8).
 
     python -m bench.snapshot_bench [--tasks 100000] [--repeats 8] [--runs 3] [--aggregates]
+                                   [--stages]
 
 Feeds a generated collection through the processor's :class:`Pipeline` in process (the
 snapshot is processor-side work; Kafka adds nothing to it), then times the snapshot built in
@@ -12,6 +13,10 @@ rows read, the flips counted: run against itself). Memory held per rollout is th
 ingesting, divided by the rollouts ingested (inputs included: the state needs them too).
 With ``--aggregates`` the run asks for the aggregate and difficulty files (pass@k, avg-of-k
 and majority@k over ``extracted_answer``), which the snapshot then carries too.
+With ``--stages`` the snapshot's work is also timed stage by stage in this process, serially
+(no fork, no helper): the profile build, the task rows rendered with their samples and framed,
+and the agent metrics, each as CPU seconds (what a loaded machine does not inflate as it does
+wall time) and, for the rows, CPU per row: where the time of a snapshot goes.
 """
 
 from __future__ import annotations
@@ -33,20 +38,22 @@ from rewardstream.commands.live_compare import task_rows
 from rewardstream.contract.events import RunStarted, encode
 from rewardstream.kafka.local import free_port
 from rewardstream.processors.core.compare import task_flips
+from rewardstream.processors.core.profile import build_profile
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.http.server import make_app, serve
-from rewardstream.processors.http.snapshot import SnapshotJob
+from rewardstream.processors.http.snapshot import SnapshotJob, SnapshotLimits, _task_frames
 from rewardstream.producers.events import input_events, rollout_events
 from rewardstream.sinks.snapshot_wire import receive
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--aggregates", action="store_true", help="with pass@k and difficulty")
-    a = ap.parse_args()
+    ap.add_argument("--stages", action="store_true", help="also time each stage, serially")
+    a = ap.parse_args(argv)
     answer_key = "extracted_answer" if a.aggregates else None
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -85,6 +92,8 @@ def main() -> None:
                 f"ingested {inputs:,} inputs + {kept:,} rollouts in {ingest:.1f} s; "
                 f"RSS growth {held / 2**20:,.0f} MiB = {held / kept:,.0f} B per rollout"
             )
+            for _ in range(a.runs if a.stages else 0):
+                _stages(pipeline)
             for _ in range(a.runs):
                 t0 = time.perf_counter()
                 job = SnapshotJob(pipeline, "run")
@@ -98,9 +107,30 @@ def main() -> None:
             asyncio.run(_snapshots(pipeline, a.runs, kept, work / "snap"))
 
 
+def _stages(pipeline: Pipeline) -> None:
+    """One snapshot's work in this process, serially, as CPU seconds per stage."""
+    source = pipeline.snapshot_source("run", {}, {})
+    t0 = time.process_time()
+    profile = build_profile(source.merged.state, allow_partial=True)
+    t1 = time.process_time()
+    rows = profile.task_rows
+    size = sum(map(len, _task_frames(rows, source.merged.sample)))
+    t2 = time.process_time()
+    agents = len(profile.agent_metrics) + len(profile.repeat_metrics)
+    t3 = time.process_time()
+    print(
+        f"stages (CPU, serial): build {t1 - t0:.2f} s, {len(rows):,} task rows "
+        f"({size / 2**20:.0f} MiB) {t2 - t1:.2f} s = {(t2 - t1) / max(len(rows), 1) * 1e6:.1f} "
+        f"us a row, {agents} agent metric rows {t3 - t2:.2f} s"
+    )
+
+
 async def _snapshots(pipeline: Pipeline, runs: int, rollouts: int, out: Path) -> None:
     port = free_port()
-    runner, _ = await serve(make_app(pipeline, None), "127.0.0.1", port)
+    # the limit a server is started with (10 s) ends a build of this size on a loaded machine
+    # (it did, 14 s in process at load 10): a bench times the build, it does not bound it
+    limits = SnapshotLimits(timeout=600.0)
+    runner, _ = await serve(make_app(pipeline, None, limits=limits), "127.0.0.1", port)
     cli = [sys.executable, "-m", "rewardstream.commands.cli", "snapshot", "--run-id", "run"]
     cli += ["--url", f"http://127.0.0.1:{port}", "--out", str(out)]
     try:
