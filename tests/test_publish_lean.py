@@ -54,8 +54,6 @@ def _published(path: Path, answer_key: str | None, lean: bool, limit: MessageLim
             sent.append(cut)
     except LineError as exc:
         return sent, str(exc)
-    except RecursionError:  # both paths: ``answer_id`` of an answer nested ~1000 deep
-        return sent, "RecursionError"
     return sent, None
 
 
