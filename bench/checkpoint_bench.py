@@ -60,7 +60,7 @@ from rewardstream.processors.engine.partwire import (
     encode_parts,
 )
 from rewardstream.processors.engine.pipeline import Pipeline
-from rewardstream.processors.engine.runs import Part, _KeySet
+from rewardstream.processors.engine.runs import Part, _KeySet, key_columns
 from rewardstream.producers.events import input_events, rollout_events
 from tests.processes import make_topics
 
@@ -111,12 +111,11 @@ async def read_all(bootstrap: str, topics: Topics, pipeline: Pipeline | None) ->
             unit, at = f"{kind}-0", 0
             while at < end:
                 records = (await consumer.getmany(timeout_ms=200, max_records=10_000)).get(tp, [])
-                for lo in range(0, len(records), SLICE):
-                    if pipeline is None:
-                        break
-                    chunk = records[lo : lo + SLICE]
-                    raws = [r.value for r in chunk]
-                    pipeline.apply(kind, raws, unit, [r.offset for r in chunk])
+                if pipeline is not None:  # None: read only, the floor
+                    for lo in range(0, len(records), SLICE):
+                        chunk = records[lo : lo + SLICE]
+                        raws = [r.value for r in chunk]
+                        pipeline.apply(kind, raws, unit, [r.offset for r in chunk])
                 if records:
                     at = records[-1].offset + 1
         return Timed(time.monotonic() - wall, time.process_time() - cpu)
@@ -220,12 +219,8 @@ def assemble(latest: dict[bytes, bytes]) -> tuple[list[Restored], list[str]]:
         except PartFormatError as exc:
             refused.append(f"{unit}/{run}: {exc}")
             continue
-        state = part.state
         keys = _KeySet()
-        if state.num_inputs:
-            keys.add_new(state.in_task, state.in_rollout)
-        else:
-            keys.add_new(state.res_task, state.res_rollout)
+        keys.add_new(*key_columns(part.state))
         restored.append(Restored(unit, run, position, part, array("Q", digests), keys))
     return restored, refused
 
@@ -253,10 +248,7 @@ def judge(pipeline: Pipeline, restored: list[Restored]) -> list[str]:
             findings.append(f"{r.unit}/{r.run}: digests differ")
         if _counts(r.part) != _counts(part):
             findings.append(f"{r.unit}/{r.run}: counts {_counts(r.part)}, replayed {_counts(part)}")
-        columns = (part.state.in_task, part.state.in_rollout)
-        if not part.state.num_inputs:
-            columns = (part.state.res_task, part.state.res_rollout)
-        if r.keys.missing(*columns):
+        if r.keys.missing(*key_columns(part.state)):
             findings.append(f"{r.unit}/{r.run}: keys missing from the restored key set")
     missing = {(n, run) for n, u in pipeline.units.items() for run in u.parts} - seen
     findings += [f"{unit}/{run}: not restored" for unit, run in sorted(missing)]

@@ -79,6 +79,7 @@ __all__ = [
     "Spill",
     "Unit",
     "checked_row",
+    "key_columns",
     "merge_parts",
     "tasks_by_part",
 ]
@@ -171,6 +172,13 @@ def checked_row(row: dict[str, Any]) -> CheckedRow:
     except orjson.JSONEncodeError as exc:  # nested deeper than orjson writes
         raise InvalidRow(f"the row cannot be written back as JSON: {exc}") from None
     return CheckedRow(key, row_names(row), line)
+
+
+def key_columns(state: ProfileState) -> tuple[array[int], array[int]]:
+    """A part's key columns, in the order its contents were added (a part is of one kind)."""
+    if state.num_inputs:
+        return state.in_task, state.in_rollout
+    return state.res_task, state.res_rollout
 
 
 class _KeySet:
@@ -555,18 +563,14 @@ class Part:
         duplicate when its content is the same, else a conflict (kept in :attr:`clashes` for the
         caller to report, never folded: the first content stands). A retired part keeps no
         contents, and cannot tell: the pipeline never hands it events."""
-        if self.final is not None or self.contents.digest_of(key, self._columns()) == digest:
+        if (
+            self.final is not None
+            or self.contents.digest_of(key, key_columns(self.state)) == digest
+        ):
             self.duplicates += 1
         else:
             self.conflicts += 1
             self.clashes.append(at)
-
-    def _columns(self) -> tuple[array[int], array[int]]:
-        """The key columns in the order contents were added (a part is of one kind)."""
-        state = self.state
-        if state.num_inputs:
-            return state.in_task, state.in_rollout
-        return state.res_task, state.res_rollout
 
     def taken_infos(self) -> InfoBytes:
         """The ``rollout_infos`` entries moved to the spill (what :meth:`ProfileState.merge`

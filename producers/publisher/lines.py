@@ -152,8 +152,7 @@ def _lean_rollout_events(
     path: Path, run_id: str, answer_key: str | None
 ) -> Iterator[tuple[int, bytes, bytes]]:
     for chunk in line_chunks(path, 0, os.path.getsize(path)):
-        view = memoryview(chunk.data)
-        lines = [view[s:e] for s, e in zip(chunk.starts.tolist(), chunk.ends.tolist(), strict=True)]
+        lines = chunk.lines()
         flagged = lean.suspects(chunk.array, chunk.starts, chunk.ends)
         lineno = chunk.lineno  # of the next line
         for taken in lean_results(lines, flagged, answer_key):

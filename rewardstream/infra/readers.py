@@ -87,6 +87,11 @@ class _Chunk(NamedTuple):
     lineno: int
     offset: int
 
+    def lines(self) -> list[memoryview]:
+        """Each line's bytes, views into ``data`` (what the lean decoder reads)."""
+        view = memoryview(self.data)
+        return [view[s:e] for s, e in zip(self.starts.tolist(), self.ends.tolist(), strict=True)]
+
 
 def line_chunks(path: Path, start: int, end: int) -> Iterator[_Chunk]:
     """The lines starting in ``[start, end)`` (as :func:`jsonl.iter_jsonl` numbers them), a
@@ -151,8 +156,7 @@ def load_results_lean(
         if seen >= _TRIAL and 2 * fallen > seen:
             _reference_lines(state, path, chunk, range(len(chunk.starts)), answer_key)
             continue
-        view = memoryview(chunk.data)
-        lines = [view[s:e] for s, e in zip(chunk.starts.tolist(), chunk.ends.tolist(), strict=True)]
+        lines = chunk.lines()
         flagged = lean.suspects(chunk.array, chunk.starts, chunk.ends)
         for taken in lean_results(lines, flagged, answer_key):
             if isinstance(taken, int):
