@@ -10,9 +10,14 @@ import pytest
 from bench import sequence_bench
 from rewardstream.processors.core.sequence import SequenceFold
 
+# A summary every 1,000: the floor's batch then costs 3-6x an idle update (0.17-0.29x measured),
+# where every 100 left 1.8x (0.55x), within what three test workers on two cores do to one
+# timing against another (1.09x seen once): the judge's bound is the bench's, unchanged.
+EVERY = ["--tasks", "300", "--every", "1000", "--runs", "1"]
+
 
 def test_the_bench_folds_every_rollout(capsys: pytest.CaptureFixture[str]) -> None:
-    assert sequence_bench.main(["--tasks", "300", "--every", "100", "--runs", "1"]) == 0
+    assert sequence_bench.main(EVERY) == 0
     assert "dispatch-order fold" in capsys.readouterr().out
 
 
@@ -36,7 +41,7 @@ def test_a_costly_idle_update_is_reported(
 ) -> None:
     """An update with nothing new is timed against the floor; one that costs what is gone
     (planted: 2 ms per window, as rebuilding the gone rows' arrays cost) is a finding."""
-    assert sequence_bench.main(["--tasks", "300", "--every", "100", "--runs", "1"]) == 0
+    assert sequence_bench.main(EVERY) == 0
     assert "an update with nothing new, 2,399 rows gone" in capsys.readouterr().out
     passable = SequenceFold._passable
 
@@ -46,5 +51,5 @@ def test_a_costly_idle_update_is_reported(
         return out
 
     monkeypatch.setattr(SequenceFold, "_passable", costly)
-    assert sequence_bench.main(["--tasks", "300", "--every", "100", "--runs", "1"]) == 1
+    assert sequence_bench.main(EVERY) == 1
     assert "FINDING: a no-op update costs more" in capsys.readouterr().err
