@@ -154,6 +154,31 @@ def committed(bootstrap: str, group: str, topic: str, timeout: float = 90) -> in
 
 
 @contextlib.contextmanager
+def checkpointed(bootstrap: str, group: str, topics: Topics, timeout: float = 90) -> dict[str, Any]:
+    """Wait until ``group``'s commits on every partition of both data topics name a
+    checkpoint (the processor's commit metadata); those checkpoints, by ``topic:partition``."""
+
+    async def go() -> dict[str, Any]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    offsets = await admin.list_consumer_group_offsets(group)
+                    named = {
+                        f"{tp.topic}:{tp.partition}": orjson.loads(m.metadata).get("checkpoint")
+                        for tp, m in offsets.items()
+                        if tp.topic in (topics.inputs, topics.rollouts) and m.metadata
+                    }
+                    if len({k.rpartition(":")[0] for k in named}) == 2 and all(named.values()):
+                        return named
+                    await asyncio.sleep(0.1)
+        finally:
+            await admin.close()
+
+    return asyncio.run(go())
+
+
 def trickle(
     bootstrap: str, topics: Topics, events: list[tuple[EventKind, bytes]], run_id: str
 ) -> Iterator[None]:

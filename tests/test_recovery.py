@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 import urllib.request
@@ -9,13 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.generate import generate
 from rewardstream.commands.cli import ng_reward_profile
 from rewardstream.contract.events import Topics
 from tests.golden import OUTPUT_SUFFIXES, file_events
-from tests.processes import Processor, Runs, committed, send_events
+from tests.processes import Processor, Runs, checkpointed, committed, send_events
 
 pytestmark = pytest.mark.kafka
 
@@ -60,6 +63,69 @@ def test_kill_9_mid_run_then_restart(
         assert (out / "run" / f"r{suffix}").read_bytes() == (data / f"r{suffix}").read_bytes(), (
             suffix
         )
+
+
+@pytest.mark.parametrize("fault", [None, "checkpoints deleted"])
+def test_a_new_owner_holds_the_named_checkpoint_again_or_replays(
+    kafka_bootstrap: str,
+    unique_name: Callable[[str], str],
+    tmp_path: Path,
+    processors: list[Processor],
+    fault: str | None,
+) -> None:
+    """After ``kill -9``, the next processor restores each unit from the checkpoint its
+    commit names and reads only what follows; with the checkpoints' records gone (retention),
+    it says so and replays the units instead. Either way the files are NeMo Gym's."""
+    data = tmp_path / "data"
+    generate(tasks=250, repeats=4, out=data / "r", text_bytes=200, seed=4)
+    inputs, rollouts = data / "r_materialized_inputs.jsonl", data / "r.jsonl"
+    events = file_events(inputs, rollouts, "run", "r", finish=False)
+    n_in = sum(1 for k, _ in events if k == "input")
+    prefix, out, log = unique_name("rs"), tmp_path / "out", tmp_path / "processor.log"
+    topics = Topics.for_prefix(prefix)
+
+    first = Processor(kafka_bootstrap, prefix, out, log)
+    processors.append(first)
+    send_events(kafka_bootstrap, topics, events[: n_in + 600], "run")
+    first.wait(lambda runs: runs.get("run", {}).get("rollouts") == 600)
+    named = checkpointed(kafka_bootstrap, f"{prefix}-profiler", topics)
+    send_events(kafka_bootstrap, topics, events[n_in + 600 : n_in + 800], "run")
+    first.wait(lambda runs: runs.get("run", {}).get("rollouts") == 800)
+    first.kill(signal.SIGKILL)
+    if fault is not None:
+        asyncio.run(_delete_all(kafka_bootstrap, f"{prefix}.checkpoints"))
+
+    second = Processor(kafka_bootstrap, prefix, out, log)
+    processors.append(second)
+    send_events(kafka_bootstrap, topics, events[n_in + 800 :], "run")
+    second.wait(lambda runs: runs.get("run", {}).get("done") is True)
+    second.kill(signal.SIGTERM)
+    text = log.read_text()
+    assert second.proc.returncode == 0, text[-2000:]
+    for unit in ("input-0", "rollout-0"):
+        restored = f"{unit}: held again from checkpoint" in text
+        refused = f"{unit}: checkpoint " in text and "unusable" in text
+        assert (restored, refused) == ((True, False) if fault is None else (False, True)), named
+    assert (
+        ng_reward_profile(
+            [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
+        )
+        == 0
+    )
+    for suffix in OUTPUT_SUFFIXES:
+        assert (out / "run" / f"r{suffix}").read_bytes() == (data / f"r{suffix}").read_bytes(), (
+            suffix
+        )
+
+
+async def _delete_all(bootstrap: str, topic: str) -> None:
+    """Every record of the one-partition ``topic`` deleted, as retention would."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(-1)})
+    finally:
+        await admin.close()
 
 
 def test_a_restarted_processor_dates_runs_by_their_events(

@@ -34,8 +34,10 @@ __all__ = [
     "PartFormatError",
     "ReceivedPart",
     "decode_answer",
+    "decode_part",
     "decode_parts",
     "encode_answer",
+    "encode_part",
     "encode_parts",
 ]
 
@@ -107,6 +109,13 @@ def encode_parts(parts: Sequence[tuple[Part, Mapping[str, str | int]]]) -> bytes
     return b"".join(_body(parts))
 
 
+def encode_part(part: Part, identity: Mapping[str, str | int]) -> bytes:
+    """One whole part as :func:`encode_parts` frames it, every ``sample`` row kept (a
+    checkpoint's: rows out of reach now may be a profile's sample once more results come)."""
+    size, chunks = _chunks(part, identity)
+    return b"".join([_LENGTH.pack(size), *chunks])
+
+
 def _body(parts: Sequence[tuple[Part, Mapping[str, str | int]]]) -> list[Section]:
     """:func:`encode_parts`'s buffers, to join with anything before them in one copy."""
     results = [part.state for part, _ in parts if part.state.num_results]
@@ -157,6 +166,11 @@ class ReceivedPart:
     def taken_infos(self) -> InfoBytes:
         return b""  # the state holds every entry (ProfileState.from_columns)
 
+    def samples(self) -> memoryview:
+        """The ``sample`` rows as sent, back to back: a row's locator is its offset here."""
+        lo, hi = self._samples
+        return memoryview(self._data)[lo:hi]
+
     def sample_reader(self) -> Callable[[int], bytes] | None:
         """The reader of the part's ``sample`` rows by locator, as :meth:`Part.sample_reader`."""
         if not self.state.num_inputs:
@@ -180,14 +194,21 @@ def decode_parts(data: bytes, expect: Mapping[str, str | int], at: int = 0) -> l
     given (a part for another run, unit or group is refused)."""
     parts: list[ReceivedPart] = []
     while at < len(data):
-        start = at + _LENGTH.size
-        size = _LENGTH.unpack_from(data, at)[0] if start <= len(data) else None
-        if size is None or start + size > len(data):
-            left = len(data) - at
-            raise PartFormatError(f"the parts are truncated: part {len(parts)} has {left} bytes")
-        parts.append(_decode(data, start, start + size, expect))
-        at = start + size
+        part, at = decode_part(data, expect, at, len(parts))
+        parts.append(part)
     return parts
+
+
+def decode_part(
+    data: bytes, expect: Mapping[str, str | int], at: int, number: int = 0
+) -> tuple[ReceivedPart, int]:
+    """The part at offset ``at`` of ``data`` (part ``number`` of a body, for the message) as
+    :func:`decode_parts` decodes each, and the offset after it."""
+    start = at + _LENGTH.size
+    size = _LENGTH.unpack_from(data, at)[0] if start <= len(data) else None
+    if size is None or start + size > len(data):
+        raise PartFormatError(f"the parts are truncated: part {number} has {len(data) - at} bytes")
+    return _decode(data, start, start + size, expect), start + size
 
 
 def _decode(data: bytes, start: int, end: int, expect: Mapping[str, str | int]) -> ReceivedPart:

@@ -60,6 +60,7 @@ from rewardstream.errors import RewardstreamError
 from rewardstream.processors.core.confseq import DEFAULT_LEVEL
 from rewardstream.processors.core.state import ProfileState, keys_in, row_key, row_names
 from rewardstream.processors.core.stopping import Verdict
+from rewardstream.processors.engine.checkpoints import Checkpoint
 from rewardstream.processors.engine.live import AgentLive
 from rewardstream.processors.engine.runs import (
     Counts,
@@ -254,6 +255,40 @@ class Pipeline:
             for run_id in unit.parts:
                 self.runs[run_id].parts.pop(name, None)
             unit.drop()
+
+    def restore(self, name: str, checkpoint: Checkpoint) -> list[str]:
+        """Hold the new unit ``name`` again as ``checkpoint`` holds it: its open parts, at its
+        position (the transport reads on from there). A run whose terminal record is known
+        meanwhile is left out (its events up to the cut are replays). The held rollouts whose
+        rows the unit's pair holds now count, as they would have when the rows came; returns
+        the runs held again. Raises ``ValueError`` when a part is unusable, the unit left new
+        and empty."""
+        unit = self.unit(name)
+        if unit.parts or unit.position:
+            raise ValueError(f"unit {name} is not new: it holds {len(unit.parts)} parts")
+        try:
+            for run_id, (seen, held) in checkpoint.parts.items():
+                run = self.run(run_id)
+                if run.terminal is None:
+                    self._part(name, run_id, held.first_offset).restore(held)
+                    run.heard(self._when(seen, unit.since), self.clock())
+        except ValueError:
+            self.release(name)
+            self.unit(name)  # new again, to be replayed
+            raise
+        unit.position = checkpoint.position
+        pairs = (
+            (self.units.get(_rollouts_unit(name)), unit)
+            if name.startswith("input-")
+            else (unit, self.units.get(_rows_unit(name)))
+        )
+        for run_id in unit.parts:
+            waiting, rows = (u.parts.get(run_id) if u else None for u in pairs)
+            if waiting is not None and rows is not None and waiting.unmatched:
+                for key in [k for k in waiting.unmatched if k in rows.keys]:
+                    waiting.row_came(key)
+            self.judge(self.runs[run_id])
+        return list(unit.parts)
 
     def set_input_units(self, names: frozenset[str]) -> None:
         """Every input unit of the topics, as the transport knows them (see

@@ -70,6 +70,7 @@ __all__ = [
     "Counts",
     "Done",
     "Final",
+    "HeldPart",
     "Merged",
     "Part",
     "PartCounts",
@@ -355,6 +356,23 @@ class Final(NamedTuple):
     live: dict[str, RunningStats]
 
 
+class HeldPart(NamedTuple):
+    """What a checkpoint keeps of an open part (:meth:`Part.restore`): the state, its
+    ``sample`` rows back to back (a row's locator is its offset there), one content digest per
+    key in the state's order, the counts the state does not hold, the held rollouts (key ->
+    offset) and the results left out of the live figures (the held and the foreign ones)."""
+
+    state: ProfileState
+    samples: bytes | memoryview
+    digests: array[int]
+    first_offset: int
+    duplicates: int
+    conflicts: int
+    foreign: int
+    unmatched: dict[tuple[int, int], int]
+    out: list[int]
+
+
 FIGURES_EVERY = 2.0  # seconds between a part's task figures in its live summary, at least
 FIGURES_COST = 20.0  # and this many times what the passes took (at most 5% of a core)
 _INFO_CHUNK = 1 << 20  # rollout_infos bytes a part holds before it moves them to its spill
@@ -468,6 +486,38 @@ class Part:
         ``unmatched`` (``at``: its offset, or its bytes) and left out of the live figures."""
         self.unmatched[key] = at
         self.state.leave_out()
+
+    def restore(self, held: HeldPart) -> None:
+        """Hold, in this new part, what a checkpoint of one held
+        (:mod:`~rewardstream.processors.engine.checkpoints`): its state, ``sample`` rows (to a
+        spill of its own, at the offsets its locators name), keys, content digests, counts and
+        held rollouts. Raises ``ValueError`` when the pieces do not make one part."""
+        state = held.state
+        tasks, rollouts = key_columns(state)
+        if len(held.digests) != len(tasks):
+            raise ValueError(f"{len(held.digests)} content digests for {len(tasks)} keys")
+        if not self._keys.add_new(tasks, rollouts):
+            keys = _KeySet()
+            if not all(map(keys.add, tasks, rollouts)):
+                raise ValueError("a key is there twice")
+            self._keys = keys
+        out = sorted(held.out)
+        if out and not 0 <= out[0] <= out[-1] < state.num_results:
+            raise ValueError("a result left out is not one of the state's")
+        if len(out) != len(held.unmatched) + held.foreign:
+            raise ValueError(f"{len(out)} results left out, not the held and foreign ones")
+        if state.num_inputs and len(held.samples):
+            self._spill().append(bytes(held.samples))
+        self.state, self.first_offset = state, held.first_offset
+        self.duplicates, self.conflicts = held.duplicates, held.conflicts
+        self.foreign, self.unmatched = held.foreign, dict(held.unmatched)
+        self.contents.extend(held.digests.tolist())
+        if out:
+            starts, _ = state.value_starts(ProfileState.column(state.res_schema))
+            for at in out:
+                state.leave_out_at(at, int(starts[at]))
+        if any(key not in self._keys for key in self.unmatched):
+            raise ValueError("a held rollout is not one of the state's")
 
     def row_came(self, key: tuple[int, int]) -> None:
         """The materialized row of ``key`` has come: its rollout, if held, counts now."""

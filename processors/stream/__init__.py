@@ -11,6 +11,10 @@ Streams' and Quix Streams' does (docs/engine-on-kafka.md §Reference engines):
   its state can be rebuilt from (the first offset of any run still open in it, with the
   position in the commit's metadata), so a new owner, after a rebalance or a pod lost with
   its disk, replays from there. ``--state-dir`` is scratch that may vanish at any time.
+- **Checkpoints** (``<prefix>.checkpoints``): from time to time a unit's open parts are
+  written there and its commit names them, so a new owner holds them again in bulk and replays
+  only what follows (:mod:`~rewardstream.processors.stream.changelog`); one that cannot be
+  read whole is refused, and the unit replayed as above.
 - **Members** (``<prefix>.members``): each processor publishes what it owns (positions, counts
   per run) and where it serves its parts; peers learn from it when a run is complete and whom
   to ask for a part. Parts travel over HTTP as versioned bytes
@@ -27,7 +31,9 @@ job, as quix-streams' ``Application`` delegates to its managers (imports run dow
 - ``consume``: the consume loop (fetch, apply slices, control events) and the rebalance listener;
 - ``eviction``: the leader's eviction of runs idle for ``--evict-after``, on its timer;
 - ``finals``: terminal records read and written (the transaction, fencing), the final files;
-- ``commits``: committed offsets, their metadata (position, parked ranges), the checkpoints;
+- ``commits``: committed offsets, their metadata (position, parked ranges, checkpoint), the
+  commit timer;
+- ``changelog``: units' checkpoints in Kafka (written, named by commits, restored, deleted);
 - ``dead_letters``: rejected events parked (with the processor's producer), strays and late events
   read again;
 - ``peers``: parts fetched from the other members over HTTP;

@@ -1,6 +1,8 @@
 """Committed offsets: the data topics are the changelog, so the offset committed for a unit is
 where its state can be rebuilt from (:meth:`Pipeline.replay_start`), and the commit's metadata
-(JSON, :data:`COMMIT_FORMAT`) carries the position reached and the offsets already parked."""
+(JSON, :data:`COMMIT_FORMAT`) carries the position reached, the offsets already parked and the
+checkpoint a new owner restores instead of replaying up to it
+(:mod:`rewardstream.processors.stream.changelog`)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ import logging
 from typing import Any
 
 import orjson
+from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.stream.changelog import Changelog, Named
 from rewardstream.processors.stream.dead_letters import DeadLetters
 from rewardstream.processors.stream.membership import Membership
 from rewardstream.processors.stream.units import Units
@@ -28,8 +32,9 @@ _PARKED_RANGES = 100
 class Commits:
     """Owns what is committed for each owned unit and when: the units moved since their last
     commit, the new ones whose committed offset is not read yet, each unit's *floor* (the
-    position its last owner committed: nothing is committed below it) and the checkpoint
-    timer (every ``every`` seconds, and when idle)."""
+    position its last owner committed: nothing is committed below it), the commit timer (every
+    ``every`` seconds, and when idle), and which units' checkpoints are written before a commit
+    names them (:attr:`changelog`)."""
 
     def __init__(
         self,
@@ -37,9 +42,10 @@ class Commits:
         units: Units,
         dead_letters: DeadLetters,
         membership: Membership,
+        changelog: Changelog,
         every: float,
     ) -> None:
-        self.pipeline, self.units = pipeline, units
+        self.pipeline, self.units, self.changelog = pipeline, units, changelog
         self.dead_letters, self.membership = dead_letters, membership
         self.every = every
         self.moved: set[str] = set()  # units consumed since their last commit
@@ -52,8 +58,11 @@ class Commits:
         self._last = now
 
     async def checkpoint(self, now: float, idle: bool) -> None:
-        """Commit when idle or every :attr:`every` seconds."""
+        """Commit when idle or every :attr:`every` seconds, after writing the checkpoints due."""
         if idle or now - self._last >= self.every:
+            for name in self.changelog.due(now):
+                if await self.changelog.write(name) is not None:
+                    self.moved.add(name)  # the commit names it
             await self.commit()
             self._last = now
 
@@ -78,13 +87,19 @@ class Commits:
             for n in todo
             if n in units and n not in self.unplaced and units[n].position >= floor.get(n, 0)
         }
-        offsets = {}
+        offsets: dict[TopicPartition, tuple[int, str]] = {}
+        naming: dict[str, Named | None] = {}
         for name in todo:
             unit, start = self.pipeline.units[name], self.pipeline.replay_start(name)
             meta: dict[str, Any] = {"v": COMMIT_FORMAT, "position": unit.position}
             unit.parked = {o for o in unit.parked if o >= start}  # a replay reads no other
             if unit.parked:
                 meta["parked"] = _ranges(unit.parked, name)
+            # a checkpoint from before every open run's start holds none of them: not named
+            named = self.changelog.named.get(name)
+            if named is not None and start <= named.position <= unit.position:
+                meta["checkpoint"] = named.meta()
+            naming[name] = named if "checkpoint" in meta else None
             offsets[self.units.tp(name)] = (start, orjson.dumps(meta).decode())
         if not offsets:
             return None
@@ -94,6 +109,9 @@ class Commits:
             log.warning("offsets not committed (%s): the group has moved on", exc)
             return False
         self.moved -= todo
+        for name, named in naming.items():
+            if (gone := self.changelog.committed(name, named)) is not None:
+                await self.changelog.delete(name, gone)
         return True
 
     async def place(self) -> None:
@@ -114,10 +132,16 @@ class Commits:
             if unit is None or got is None or got.offset < 0:
                 continue
             self._floor[name] = _committed_position(got.metadata, got.offset)
-            unit.parked |= _committed_parked(got.metadata)
+            parked = _committed_parked(got.metadata)
+            named = _committed_checkpoint(got.metadata)
+            if named is not None and got.offset <= named.position <= self._floor[name]:
+                if await self.changelog.restore(name, named):
+                    consumer.seek(tp(name), named.position)  # replay only what follows
+                unit = self.pipeline.units[name]  # held again, or new again
+            unit.parked |= parked
             if got.offset > unit.position:
                 unit.position = got.offset
-                self.membership.changed = True
+            self.membership.changed = True
 
 
 def _committed_position(metadata: str, offset: int) -> int:
@@ -129,6 +153,15 @@ def _committed_position(metadata: str, offset: int) -> int:
         return offset
     position = meta.get("position") if isinstance(meta, dict) else None
     return position if type(position) is int and position >= offset else offset
+
+
+def _committed_checkpoint(metadata: str) -> Named | None:
+    """The checkpoint a commit's metadata names (see :meth:`Commits.commit`), if any."""
+    try:
+        meta = orjson.loads(metadata or "{}")
+    except orjson.JSONDecodeError:
+        return None
+    return Named.of(meta.get("checkpoint")) if isinstance(meta, dict) else None
 
 
 def _committed_parked(metadata: str) -> set[int]:

@@ -146,7 +146,9 @@ class ConsumeLoop:
             unit = self.pipeline.units.get(name)
             if unit is None or generation != self.generation:
                 return
-            part = records[start : start + _SLICE]
+            part = [r for r in records[start : start + _SLICE] if r.offset >= unit.position]
+            if not part:  # held already: a unit restored past them (Commits.place)
+                continue
             raws, offsets = [r.value or b"" for r in part], [r.offset for r in part]
             self.pipeline.apply(kind, raws, name, offsets, [r.timestamp for r in part])
             self.dead_letters.take(tp.topic, tp.partition)
@@ -180,6 +182,7 @@ class Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             )
             for name in names:
                 loop.pipeline.release(name)
+                commits.changelog.release(name)
                 commits.moved.discard(name)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
@@ -189,6 +192,7 @@ class Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         owned = {units.name(tp) for tp in assigned}
         for name in set(pipeline.units) - owned:
             pipeline.release(name)
+            loop.commits.changelog.release(name)
             loop.commits.moved.discard(name)
         for tp in assigned:
             unit = pipeline.units.get(units.name(tp))

@@ -30,6 +30,7 @@ from rewardstream.processors.engine.pipeline import STALL_AFTER, Pipeline
 from rewardstream.processors.engine.runs import PartView
 from rewardstream.processors.http.server import IDLE_TIMEOUT
 from rewardstream.processors.http.snapshot import SnapshotLimits
+from rewardstream.processors.stream.changelog import Changelog
 from rewardstream.processors.stream.commits import Commits
 from rewardstream.processors.stream.consume import Batch, ConsumeLoop, Rebalance
 from rewardstream.processors.stream.dead_letters import DeadLetters
@@ -57,9 +58,9 @@ class StreamProcessor:
 
     It owns nothing but the wiring: the engine (:attr:`pipeline`), the collaborators that act
     on what it decides (:attr:`units`, :attr:`membership`, :attr:`peers`, :attr:`dead_letters`,
-    :attr:`commits`, :attr:`finals`, :attr:`eviction`, :attr:`decisions`, :attr:`consume`),
-    the Kafka clients and the HTTP endpoint they share, started and stopped in order by
-    :meth:`run`."""
+    :attr:`changelog`, :attr:`commits`, :attr:`finals`, :attr:`eviction`, :attr:`decisions`,
+    :attr:`consume`), the Kafka clients and the HTTP endpoint they share, started and stopped
+    in order by :meth:`run`."""
 
     def __init__(
         self,
@@ -137,8 +138,16 @@ class StreamProcessor:
             self.security,
             self.background.spawn,
         )
+        self.changelog = Changelog(
+            pipeline, self.engine_topics.checkpoints, self.group_id, bootstrap, self.security
+        )
         self.commits = Commits(
-            pipeline, self.units, self.dead_letters, self.membership, checkpoint_every
+            pipeline,
+            self.units,
+            self.dead_letters,
+            self.membership,
+            self.changelog,
+            checkpoint_every,
         )
         self.finals = Finals(
             pipeline,
@@ -213,6 +222,7 @@ class StreamProcessor:
             )
             await start_client(producer, self.bootstrap, self.security)
             stack.push_async_callback(producer.stop)
+            self.changelog.producer = producer
             finals = await self._reader(stack)
             async for record in read_finals(finals, self.engine_topics.finals, self.prefix, None):
                 self.finals.read(record)  # every run already finished is known before any data

@@ -14,6 +14,11 @@ state that lets processors on separate hosts, sharing nothing but Kafka, act as 
   unit after a restart skips the run's events before the cut and parks those after it.
 - ``<prefix>.profiles`` (compacted, keyed by ``<group>/<run_id>/<file>/<chunk>``): the final
   files, in zlib-compressed chunks of at most :data:`CHUNK_BYTES`.
+- ``<prefix>.checkpoints`` (compacted, old records deleted after a week, keyed by
+  ``<group>/<unit>/<id>/<chunk>``): a unit's open parts at a position
+  (:mod:`rewardstream.processors.engine.checkpoints`), in chunks of at most
+  :data:`CHUNK_BYTES`; the commit of the unit's offset names the one to restore
+  (:mod:`rewardstream.processors.stream.changelog`).
 
 Every record names its format, version, prefix and group. A processor refuses, with one clear
 line, a record of a format or version it does not read, or one whose prefix is not its own;
@@ -81,12 +86,16 @@ class EngineTopics(BaseModel):
     members: str
     finals: str
     profiles: str
+    checkpoints: str
 
     @classmethod
     def of(cls, topics: Topics) -> EngineTopics:
         prefix = topics.control.removesuffix(".control")
         return cls(
-            members=f"{prefix}.members", finals=f"{prefix}.finals", profiles=f"{prefix}.profiles"
+            members=f"{prefix}.members",
+            finals=f"{prefix}.finals",
+            profiles=f"{prefix}.profiles",
+            checkpoints=f"{prefix}.checkpoints",
         )
 
 

@@ -52,6 +52,9 @@ __all__ = [
 ]
 
 _COMPACT = {"cleanup.policy": "compact"}
+# checkpoints: superseded ones are deleted by their writer; one whose writer died before that
+# goes after a week (a unit whose named checkpoint went is replayed, as without one)
+_CHECKPOINTS = {"cleanup.policy": "compact,delete", "retention.ms": str(7 * 24 * 3600 * 1000)}
 
 
 Role = Literal["processor", "publisher", "reader"]
@@ -93,6 +96,8 @@ async def ensure_topics(
                         wanted.append(NewTopic(name, len(sibling), len(sibling[0]["replicas"])))
                 else:
                     configs = {} if name in (topics.control, decisions) else _COMPACT
+                    if name == EngineTopics.of(topics).checkpoints:
+                        configs = _CHECKPOINTS
                     wanted.append(NewTopic(name, 1, min(3, brokers), topic_configs=configs))
         if wanted:
             response = await admin.create_topics(wanted)
@@ -127,7 +132,10 @@ def _check(shapes: dict[str, list[dict[str, Any]]], topics: Topics) -> None:
 def _one_partition(topics: Topics) -> tuple[str, ...]:
     """The topics read as one partition: the engine's, control and decisions."""
     engine = EngineTopics.of(topics)
-    return engine.members, engine.finals, engine.profiles, topics.control, decisions_topic(topics)
+    return (
+        *(engine.members, engine.finals, engine.profiles, engine.checkpoints),
+        *(topics.control, decisions_topic(topics)),
+    )
 
 
 def _partitions_of(n: int) -> str:

@@ -1,0 +1,135 @@
+"""A unit held again from its checkpoint, then fed the rest of its log, writes the very files a
+processor that never stopped writes; a checkpoint that is not whole is refused, nothing held."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from rewardstream.contract.events import EventKind
+from rewardstream.processors.engine.checkpoints import CheckpointError, decode_unit, encode_unit
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.inprocess import finish
+from tests.golden import OUTPUT_SUFFIXES, GoldenCase, golden_events, profiled_cases
+
+CASES = profiled_cases()
+Event = tuple[EventKind, bytes, str | None, int]  # kind, bytes, unit, offset
+
+
+def _log(case: GoldenCase, seed: int) -> list[Event]:
+    """The case's events shuffled (rollouts before their rows, too), over two partitions per
+    topic by task parity, with each unit's offsets; control events last but RunStarted."""
+    events = golden_events(case, "run-1", finish=case.name.endswith("+allow_partial"))
+    data = [(k, raw) for k, raw in events if k != "control"]
+    random.Random(seed).shuffle(data)
+    control = [(k, raw) for k, raw in events if k == "control"]
+    offsets: dict[str, int] = {}
+    out: list[Event] = [("control", control[0][1], None, 0)]
+    for kind, raw in data:
+        unit = f"{kind}-{_task(raw) % 2}"
+        offsets[unit] = offsets.get(unit, -1) + 1
+        out.append((kind, raw, unit, offsets[unit]))
+    return out + [("control", raw, None, i) for i, (_, raw) in enumerate(control[1:], 1)]
+
+
+def _task(raw: bytes) -> int:
+    import orjson
+
+    event = orjson.loads(raw)
+    return int(event["task"] if "task" in event else event["row"]["_ng_task_index"])
+
+
+def _feed(pipeline: Pipeline, events: list[Event]) -> None:
+    for kind, raw, unit, offset in events:
+        run = pipeline.handle(kind, raw, unit, offset if unit else None)
+        if unit is not None:
+            pipeline.units[unit].position = offset + 1
+        if run is not None:
+            finish(pipeline, run)
+
+
+def _files(folder: Path, case: GoldenCase) -> dict[str, bytes]:
+    return {s: (folder / "run-1" / f"{case.stem}{s}").read_bytes() for s in OUTPUT_SUFFIXES}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_a_unit_held_again_from_its_checkpoint_goes_on_as_if_never_stopped(
+    case: GoldenCase, seed: int, tmp_path: Path
+) -> None:
+    """Each topic's units checkpointed at another point of the log (as two owners' commits
+    fall): a rollout held at one whose row the other holds counts once both are back."""
+    log, rng = _log(case, seed), random.Random(seed)
+    cuts = sorted(rng.randint(1, max(1, len(log) - 2)) for _ in range(2))
+    kinds = ["input", "rollout"] if seed % 2 else ["rollout", "input"]
+    with Pipeline(tmp_path / "whole") as whole:
+        _feed(whole, log)
+    blobs: dict[str, bytes] = {}
+    with Pipeline(tmp_path / "a") as first, Pipeline(tmp_path / "b") as second:
+        for lo, hi, kind in zip([0, cuts[0]], cuts, kinds, strict=True):
+            _feed(first, log[lo:hi])
+            for name in sorted(first.units):
+                if name.startswith(kind):
+                    blob = encode_unit(first.units[name], {})
+                    assert blob is not None
+                    blobs[name] = blob
+        _feed(second, [e for e in log[: cuts[1]] if e[2] is None])  # control: everyone's
+        for name in sorted(blobs, reverse=seed > 2):
+            second.restore(name, decode_unit(blobs[name], name))
+        for unit in ("input-0", "input-1", "rollout-0", "rollout-1"):
+            second.unit(unit)  # one without a checkpoint: new, read from its start
+        at = {n: u.position for n, u in second.units.items()}
+        rest = [e for i, e in enumerate(log) if (e[3] >= at[e[2]] if e[2] else i >= cuts[1])]
+        _feed(second, rest)
+    assert _files(tmp_path / "b", case) == _files(tmp_path / "whole", case)
+
+
+def _some_unit(tmp_path: Path) -> tuple[Pipeline, bytes, str]:
+    case = CASES[0]
+    pipeline = Pipeline(tmp_path / "a")
+    _feed(pipeline, _log(case, 1)[: len(_log(case, 1)) // 2])
+    name = sorted(pipeline.units)[0]
+    blob = encode_unit(pipeline.units[name], {})
+    assert blob is not None
+    return pipeline, blob, name
+
+
+def test_a_checkpoint_not_whole_or_not_the_units_is_refused(tmp_path: Path) -> None:
+    pipeline, blob, name = _some_unit(tmp_path)
+    pipeline.close()
+    head_end = blob.index(b"\n") + 1
+    for bad, why in [
+        (blob[:-1], "truncated"),
+        (blob + b"x", "past its parts"),
+        (blob[: head_end + 20] + b"\xff" + blob[head_end + 21 :], "unusable"),
+        (b"{}\n" + blob[head_end:], "not a rewardstream.checkpoint"),
+    ]:
+        with pytest.raises(CheckpointError, match=why):
+            decode_unit(bad, name)
+    with pytest.raises(CheckpointError, match=f"of '{name}', not 'rollout-7'"):
+        decode_unit(blob, "rollout-7")
+
+
+def test_a_checkpoint_that_does_not_fit_its_state_leaves_the_unit_new(tmp_path: Path) -> None:
+    first, blob, name = _some_unit(tmp_path)
+    first.close()
+    checkpoint = decode_unit(blob, name)
+    run_id, (seen, held) = next(iter(checkpoint.parts.items()))
+    bad = checkpoint._replace(parts={run_id: (seen, held._replace(foreign=held.foreign + 1))})
+    with Pipeline(tmp_path / "b") as second:
+        with pytest.raises(ValueError, match="left out"):
+            second.restore(name, bad)
+        unit = second.units[name]
+        assert not unit.parts and unit.position == 0 and not second.runs[run_id].parts
+
+
+def test_a_unit_holding_an_offsetless_rollout_has_no_checkpoint(tmp_path: Path) -> None:
+    case = CASES[0]
+    events = golden_events(case, "run-1", finish=False)
+    raw = next(raw for kind, raw in events if kind == "rollout")
+    with Pipeline(tmp_path) as pipeline:
+        pipeline.handle("rollout", raw, "rollout-0")  # in process: no offset, no row yet
+        assert pipeline.units["rollout-0"].parts["run-1"].unmatched
+        assert encode_unit(pipeline.units["rollout-0"], {}) is None
