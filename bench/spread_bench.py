@@ -10,12 +10,14 @@ back so the run stays open) is written to fresh topics with 4 partitions, and tw
 
 1. ``rewardstream snapshot`` (a separate process, as a user runs it) against the first member,
    end to end: the peer's parts fetched over HTTP, merged, built, rendered, files written;
-2. the second member is killed (``kill -9``) with its state folder deleted, a third one starts
-   on a fresh folder, and the bench times, from the kill: the replacement's partition
-   assignment (mostly the group's session timeout: the dead member is only evicted then), and
-   the moment the group again holds every rollout (the replacement rebuilt its half by
-   replaying it from Kafka). The rebuild time is the difference, reported per million
-   rollouts rebuilt.
+2. once the commits of every partition name a checkpoint at the partition's end (the
+   members write them when due: :mod:`rewardstream.processors.stream.changelog`), the second
+   member is killed (``kill -9``) with its state folder deleted, a third one starts on a fresh
+   folder, and the bench times, from the kill: the replacement's partition assignment (mostly
+   the group's session timeout: the dead member is only evicted then), and the moment the
+   group again holds every rollout (the replacement held its half again from the
+   checkpoints). The rebuild time is the difference, reported per million rollouts rebuilt,
+   beside the floor: a bare consumer reading the same partitions' events, timed right after.
 
 Without ``--bootstrap`` it starts its own broker from the Maven jars.
 """
@@ -33,6 +35,10 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.generate import generate
 from bench.measure import kafka_workspace
@@ -65,6 +71,50 @@ def wait(condition: Callable[[], object], what: str, timeout: float = 600.0) -> 
             raise SystemExit(f"timed out waiting for {what}")
         time.sleep(0.05)
     return time.monotonic()
+
+
+def named_at(bootstrap: str, group: str, topics: Topics) -> int:
+    """The positions of the checkpoints the group's commits name, summed over the data
+    partitions (0 for a partition whose commit names none)."""
+
+    async def go() -> int:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(group)
+        finally:
+            await admin.close()
+        named = (
+            (orjson.loads(m.metadata).get("checkpoint") or {}).get("position", 0)
+            for tp, m in offsets.items()
+            if tp.topic in (topics.inputs, topics.rollouts) and m.metadata
+        )
+        return sum(named)
+
+    return asyncio.run(go())
+
+
+async def bare_read(bootstrap: str, topics: Topics, units: list[str]) -> float:
+    """Seconds a bare consumer takes to read ``units``' partitions from their start to their
+    end, doing nothing with the records (the floor of a rebuild)."""
+    by_kind = {"input": topics.inputs, "rollout": topics.rollouts}
+    tps = [TopicPartition(by_kind[u.rpartition("-")[0]], int(u.rpartition("-")[2])) for u in units]
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, max_partition_fetch_bytes=8 << 20
+    )
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        began = time.monotonic()
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        left = set(tps)
+        while left:
+            await consumer.getmany(timeout_ms=200, max_records=10_000)
+            left = {tp for tp in left if await consumer.position(tp) < ends[tp]}
+        return time.monotonic() - began
+    finally:
+        await consumer.stop()
 
 
 def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) -> None:
@@ -104,6 +154,8 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
             + " / ".join(f"{t:.2f}" for t in times)
             + f" s, median {statistics.median(times):.2f} s"
         )
+        group, ends = f"{prefix}-profiler", len(inputs) + n
+        wait(lambda: named_at(bootstrap, group, topics) == ends, "checkpoints at the log ends")
         killed = time.monotonic()
         b.kill(signal.SIGKILL)
         shutil.rmtree(work / "b", ignore_errors=True)  # the pod's disk goes with it
@@ -113,11 +165,13 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
             whole = wait(lambda: counts_of(c) == everything, "the group holding every event again")
             share = n * len(c.units()) / (2 * PARTITIONS)  # about its half
             rebuild = whole - assigned
+            floor = asyncio.run(bare_read(bootstrap, topics, list(c.units())))
             print(
                 f"  pod loss: replacement assigned {assigned - killed:.1f} s after the kill, "
                 f"whole again {whole - killed:.1f} s after it; rebuild {rebuild:.1f} s for "
                 f"~{share:,.0f} rollouts (+ as many inputs) = "
-                f"{rebuild / share * 1e6:.1f} s per million rollouts"
+                f"{rebuild / share * 1e6:.1f} s per million rollouts; a bare consumer reads "
+                f"those partitions in {floor:.1f} s: rebuild {rebuild / floor:.2f}x the floor"
             )
         finally:
             c.kill(signal.SIGTERM)

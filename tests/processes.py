@@ -153,7 +153,6 @@ def committed(bootstrap: str, group: str, topic: str, timeout: float = 90) -> in
     return asyncio.run(go())
 
 
-@contextlib.contextmanager
 def checkpointed(bootstrap: str, group: str, topics: Topics, timeout: float = 90) -> dict[str, Any]:
     """Wait until ``group``'s commits on every partition of both data topics name a
     checkpoint (the processor's commit metadata); those checkpoints, by ``topic:partition``."""
@@ -179,6 +178,7 @@ def checkpointed(bootstrap: str, group: str, topics: Topics, timeout: float = 90
     return asyncio.run(go())
 
 
+@contextlib.contextmanager
 def trickle(
     bootstrap: str, topics: Topics, events: list[tuple[EventKind, bytes]], run_id: str
 ) -> Iterator[None]:

@@ -133,3 +133,27 @@ def test_a_unit_holding_an_offsetless_rollout_has_no_checkpoint(tmp_path: Path) 
         pipeline.handle("rollout", raw, "rollout-0")  # in process: no offset, no row yet
         assert pipeline.units["rollout-0"].parts["run-1"].unmatched
         assert encode_unit(pipeline.units["rollout-0"], {}) is None
+
+
+def test_a_key_held_again_with_other_content_is_a_conflict_not_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    """The content digests come back with the state: the same key with the same content is a
+    duplicate, with other content a conflict (parked), as before the restart."""
+    log = _log(CASES[0], 1)
+    last = max(i for i, e in enumerate(log) if e[0] == "rollout")
+    with Pipeline(tmp_path / "a") as first, Pipeline(tmp_path / "b") as second:
+        _feed(first, log[:last] + log[last + 1 :])  # one rollout short: open
+        kind, raw, name, offset = next(e for e in log if e[0] == "rollout")
+        assert name is not None and first.runs["run-1"].terminal is None
+        blob = encode_unit(first.units[name], {})
+        assert blob is not None
+        _feed(second, [e for e in log if e[2] is None])  # control: every processor's
+        second.restore(name, decode_unit(blob, name))
+        part = second.units[name].parts["run-1"]
+        assert (part.duplicates, part.conflicts) == (0, 0)
+        second.handle(kind, raw, name, offset)
+        other = raw.replace(b'"reward":', b'"reward":1e9,"was":', 1)
+        second.handle(kind, other, name, offset + 1000)
+        assert (part.duplicates, part.conflicts) == (1, 1)
+        assert [r.reason for r in second.take_rejected()] == ["conflict"]

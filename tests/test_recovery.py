@@ -8,6 +8,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -88,7 +89,7 @@ def test_a_new_owner_holds_the_named_checkpoint_again_or_replays(
     processors.append(first)
     send_events(kafka_bootstrap, topics, events[: n_in + 600], "run")
     first.wait(lambda runs: runs.get("run", {}).get("rollouts") == 600)
-    named = checkpointed(kafka_bootstrap, f"{prefix}-profiler", topics)
+    named: dict[str, Any] = checkpointed(kafka_bootstrap, f"{prefix}-profiler", topics)
     send_events(kafka_bootstrap, topics, events[n_in + 600 : n_in + 800], "run")
     first.wait(lambda runs: runs.get("run", {}).get("rollouts") == 800)
     first.kill(signal.SIGKILL)

@@ -38,6 +38,7 @@ log = logging.getLogger(__package__)
 
 EVERY = 10.0  # seconds between a unit's checkpoints, at least
 COST = 20.0  # and this many times what its last one took (at most 5% of the time)
+_WINDOW = 16  # records of a checkpoint in flight at once (8 MiB)
 READ_TIMEOUT = 120.0  # seconds a new owner waits for a checkpoint's records, at most
 
 
@@ -112,14 +113,16 @@ class Changelog:
         id_ = secrets.token_hex(8)
         view = memoryview(blob)
         pieces = [view[at : at + CHUNK_BYTES] for at in range(0, len(blob), CHUNK_BYTES)] or [view]
+        offsets: list[int] = []
         try:
-            sent = [
-                await producer.send(
-                    self.topic, bytes(piece), key=f"{self.group}/{name}/{id_}/{i}".encode()
-                )
-                for i, piece in enumerate(pieces)
-            ]
-            offsets = [m.offset for m in await asyncio.gather(*sent)]
+            for lo in range(0, len(pieces), _WINDOW):  # a window in flight: memory stays flat
+                sent = [
+                    await producer.send(
+                        self.topic, bytes(piece), key=f"{self.group}/{name}/{id_}/{i}".encode()
+                    )
+                    for i, piece in enumerate(pieces[lo : lo + _WINDOW], lo)
+                ]
+                offsets += [m.offset for m in await asyncio.gather(*sent)]
         except Exception as exc:  # any failure: the last one stays named
             log.warning("%s: checkpoint not written (%s); the last one stands", name, exc)
             return None
