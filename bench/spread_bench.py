@@ -8,16 +8,17 @@ back so the run stays open) is written to fresh topics with 4 partitions, and tw
 ``rewardstream stream`` processes of one group, each with its own ``--state-dir``, consume it
 (half the partitions each). Then:
 
-1. ``rewardstream snapshot`` (a separate process, as a user runs it) against the first member,
+1. once the commits of every partition name a checkpoint at the partition's end (the members
+   write them when due: :mod:`rewardstream.processors.stream.changelog`),
+   ``rewardstream snapshot`` (a separate process, as a user runs it) against the first member,
    end to end: the peer's parts fetched over HTTP, merged, built, rendered, files written;
-2. once the commits of every partition name a checkpoint at the partition's end (the
-   members write them when due: :mod:`rewardstream.processors.stream.changelog`), the second
-   member is killed (``kill -9``) with its state folder deleted, a third one starts on a fresh
-   folder, and the bench times, from the kill: the replacement's partition assignment (mostly
-   the group's session timeout: the dead member is only evicted then), and the moment the
-   group again holds every rollout (the replacement held its half again from the
-   checkpoints). The rebuild time is the difference, reported per million rollouts rebuilt,
-   beside the floor: a bare consumer reading the same partitions' events, timed right after.
+2. the second member is killed (``kill -9``) with its state folder deleted, a third one starts
+   on a fresh folder, and the bench times, from the kill: the replacement's partition
+   assignment (mostly the group's session timeout: the dead member is only evicted then), and
+   the moment the group again holds every rollout (the replacement held its half again from
+   the checkpoints). The rebuild time is the difference, reported per million rollouts
+   rebuilt, beside the floor: a bare consumer reading the same partitions' events, timed
+   right after.
 
 Without ``--bootstrap`` it starts its own broker from the Maven jars.
 """
@@ -138,6 +139,8 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
         wait(lambda: len({*a.units(), *b.units()}) == 2 * PARTITIONS, "split")
         everything = (len(inputs), n)  # a rollout may be folded before its input: wait for both
         wait(lambda: counts_of(a) == everything, "both members folded their halves")
+        group, ends = f"{prefix}-profiler", len(inputs) + n
+        wait(lambda: named_at(bootstrap, group, topics) == ends, "checkpoints at the log ends")
         out = work / "snap"
         cli = [sys.executable, "-m", "rewardstream.commands.cli", "snapshot", "--run-id", "run"]
         cli += ["--url", a.url, "--out", str(out)]
@@ -154,8 +157,6 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
             + " / ".join(f"{t:.2f}" for t in times)
             + f" s, median {statistics.median(times):.2f} s"
         )
-        group, ends = f"{prefix}-profiler", len(inputs) + n
-        wait(lambda: named_at(bootstrap, group, topics) == ends, "checkpoints at the log ends")
         killed = time.monotonic()
         b.kill(signal.SIGKILL)
         shutil.rmtree(work / "b", ignore_errors=True)  # the pod's disk goes with it
@@ -166,6 +167,9 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
             share = n * len(c.units()) / (2 * PARTITIONS)  # about its half
             rebuild = whole - assigned
             floor = asyncio.run(bare_read(bootstrap, topics, list(c.units())))
+            said = (work / "c.log").read_text().splitlines()
+            restored = [line.rpartition(" in ")[2] for line in said if "held again from" in line]
+            print(f"  {len(restored)} of {len(c.units())} units restored: {', '.join(restored)}")
             print(
                 f"  pod loss: replacement assigned {assigned - killed:.1f} s after the kill, "
                 f"whole again {whole - killed:.1f} s after it; rebuild {rebuild:.1f} s for "

@@ -4,13 +4,17 @@ processor that never stopped writes; a checkpoint that is not whole is refused, 
 from __future__ import annotations
 
 import random
+from array import array
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rewardstream.contract.events import EventKind
 from rewardstream.processors.engine.checkpoints import CheckpointError, decode_unit, encode_unit
 from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.engine.runs import _KeySet
 from rewardstream.processors.inprocess import finish
 from tests.golden import OUTPUT_SUFFIXES, GoldenCase, golden_events, profiled_cases
 
@@ -157,3 +161,20 @@ def test_a_key_held_again_with_other_content_is_a_conflict_not_a_duplicate(
         second.handle(kind, other, name, offset + 1000)
         assert (part.duplicates, part.conflicts) == (1, 1)
         assert [r.reason for r in second.take_rejected()] == ["conflict"]
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.lists(st.tuples(st.integers(-5, 5), st.integers(-2, 70)), max_size=60))
+def test_a_key_set_built_from_columns_is_the_one_added_key_by_key(
+    keys: list[tuple[int, int]],
+) -> None:
+    """:meth:`_KeySet.of` (numpy, rollouts below 63) and key by key agree, a repeat refused."""
+    tasks, rollouts = array("q", [t for t, _ in keys]), array("q", [r for _, r in keys])
+    built, added = _KeySet.of(tasks, rollouts), _KeySet()
+    fresh = [added.add(t, r) for t, r in keys]
+    if not all(fresh):
+        assert built is None
+        return
+    assert built is not None
+    probe = {(t, r) for t in range(-6, 7) for r in range(-3, 72)}
+    assert {k for k in probe if k in built} == {k for k in probe if k in added} == set(keys)

@@ -30,7 +30,6 @@ from rewardstream.contract.engine import CHUNK_BYTES
 from rewardstream.kafka.config import KafkaSecurity, start_client
 from rewardstream.processors.engine.checkpoints import CheckpointError, decode_unit, encode_unit
 from rewardstream.processors.engine.pipeline import Pipeline
-from rewardstream.sinks.topics.profiles import reader
 
 __all__ = ["COST", "EVERY", "Changelog", "Named"]
 
@@ -39,6 +38,7 @@ log = logging.getLogger(__package__)
 EVERY = 10.0  # seconds between a unit's checkpoints, at least
 COST = 20.0  # and this many times what its last one took (at most 5% of the time)
 _WINDOW = 16  # records of a checkpoint in flight at once (8 MiB)
+_FETCH_BYTES = 32 << 20  # bytes a restore's fetch asks for (the default 1 MiB: ~3x slower)
 READ_TIMEOUT = 120.0  # seconds a new owner waits for a checkpoint's records, at most
 
 
@@ -185,7 +185,14 @@ class Changelog:
     async def _read(self, name: str, named: Named) -> bytes:
         """The checkpoint's records, from its range of the topic, put together and checked."""
         prefix = f"{self.group}/{name}/{named.id}/".encode()
-        consumer = reader(self.bootstrap, self.security)
+        consumer = AIOKafkaConsumer(  # outside any group; a fetch takes many chunks at once
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=_FETCH_BYTES,
+            fetch_max_bytes=_FETCH_BYTES,
+            **self.security.client_kwargs(),
+        )
         await start_client(consumer, self.bootstrap, self.security)
         pieces: dict[int, bytes] = {}
         try:

@@ -623,7 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-every",
         type=_seconds,
         default=5.0,
-        help="seconds between offset commits (5); state is rebuilt from the committed offsets",
+        help=(
+            "seconds between offset commits (5); a new owner restores the state checkpoint a "
+            "commit names (written when due: at most every 10 s) and replays the rest"
+        ),
     )
     st.add_argument(
         "--evict-after",
