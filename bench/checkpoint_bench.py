@@ -212,7 +212,9 @@ async def checkpoint_round(
             findings = judge(pipeline, again)
     finally:
         logging.getLogger("rewardstream.processors.stream").removeHandler(handler)
-    size = sum(len(encode_unit(unit, {}) or b"") for unit in pipeline.units.values())
+    size = sum(
+        memoryview(b).nbytes for u in pipeline.units.values() for b in encode_unit(u, {}) or []
+    )
     return Round(written, restored, size, refused, findings)
 
 

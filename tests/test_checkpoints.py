@@ -12,9 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewardstream.contract.events import EventKind
-from rewardstream.processors.engine.checkpoints import CheckpointError, decode_unit, encode_unit
+from rewardstream.processors.engine.checkpoints import (
+    CheckpointError,
+    decode_unit,
+    encode_unit,
+    pieces,
+)
 from rewardstream.processors.engine.pipeline import Pipeline
-from rewardstream.processors.engine.runs import _KeySet
+from rewardstream.processors.engine.runs import Unit, _KeySet
 from rewardstream.processors.inprocess import finish
 from tests.golden import OUTPUT_SUFFIXES, GoldenCase, golden_events, profiled_cases
 
@@ -54,6 +59,12 @@ def _feed(pipeline: Pipeline, events: list[Event]) -> None:
             finish(pipeline, run)
 
 
+def _blob(unit: Unit) -> bytes | None:
+    """The unit's checkpoint, its pieces put back together as a restore does."""
+    buffers = encode_unit(unit, {})
+    return None if buffers is None else b"".join(pieces(buffers, 4096))
+
+
 def _files(folder: Path, case: GoldenCase) -> dict[str, bytes]:
     return {s: (folder / "run-1" / f"{case.stem}{s}").read_bytes() for s in OUTPUT_SUFFIXES}
 
@@ -76,7 +87,7 @@ def test_a_unit_held_again_from_its_checkpoint_goes_on_as_if_never_stopped(
             _feed(first, log[lo:hi])
             for name in sorted(first.units):
                 if name.startswith(kind):
-                    blob = encode_unit(first.units[name], {})
+                    blob = _blob(first.units[name])
                     assert blob is not None
                     blobs[name] = blob
         _feed(second, [e for e in log[: cuts[1]] if e[2] is None])  # control: everyone's
@@ -95,7 +106,7 @@ def _some_unit(tmp_path: Path) -> tuple[Pipeline, bytes, str]:
     pipeline = Pipeline(tmp_path / "a")
     _feed(pipeline, _log(case, 1)[: len(_log(case, 1)) // 2])
     name = sorted(pipeline.units)[0]
-    blob = encode_unit(pipeline.units[name], {})
+    blob = _blob(pipeline.units[name])
     assert blob is not None
     return pipeline, blob, name
 
@@ -136,7 +147,7 @@ def test_a_unit_holding_an_offsetless_rollout_has_no_checkpoint(tmp_path: Path) 
     with Pipeline(tmp_path) as pipeline:
         pipeline.handle("rollout", raw, "rollout-0")  # in process: no offset, no row yet
         assert pipeline.units["rollout-0"].parts["run-1"].unmatched
-        assert encode_unit(pipeline.units["rollout-0"], {}) is None
+        assert _blob(pipeline.units["rollout-0"]) is None
 
 
 def test_a_key_held_again_with_other_content_is_a_conflict_not_a_duplicate(
@@ -150,7 +161,7 @@ def test_a_key_held_again_with_other_content_is_a_conflict_not_a_duplicate(
         _feed(first, log[:last] + log[last + 1 :])  # one rollout short: open
         kind, raw, name, offset = next(e for e in log if e[0] == "rollout")
         assert name is not None and first.runs["run-1"].terminal is None
-        blob = encode_unit(first.units[name], {})
+        blob = _blob(first.units[name])
         assert blob is not None
         _feed(second, [e for e in log if e[2] is None])  # control: every processor's
         second.restore(name, decode_unit(blob, name))
@@ -178,3 +189,18 @@ def test_a_key_set_built_from_columns_is_the_one_added_key_by_key(
     assert built is not None
     probe = {(t, r) for t in range(-6, 7) for r in range(-3, 72)}
     assert {k for k in probe if k in built} == {k for k in probe if k in added} == set(keys)
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    st.lists(st.binary(max_size=40) | st.lists(st.integers(-9, 9), max_size=9), max_size=8),
+    st.integers(1, 17),
+)
+def test_pieces_are_the_buffers_back_to_back_cut_to_size(
+    chunks: list[bytes | list[int]], size: int
+) -> None:
+    buffers = [array("q", c) if isinstance(c, list) else c for c in chunks]
+    got = list(pieces(buffers, size))
+    whole = b"".join(bytes(b) if isinstance(b, bytes) else b.tobytes() for b in buffers)
+    assert b"".join(got) == whole
+    assert all(len(p) == size for p in got[:-1]) and all(0 < len(p) <= size for p in got)

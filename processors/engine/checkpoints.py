@@ -18,17 +18,26 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import orjson
 
 from rewardstream.contract.events import content_sum
 from rewardstream.errors import RewardstreamError
+from rewardstream.processors.core.state import Section
 from rewardstream.processors.engine.partwire import PartFormatError, decode_part, encode_part
 from rewardstream.processors.engine.runs import HeldPart, Unit
 
-__all__ = ["FORMAT", "VERSION", "Checkpoint", "CheckpointError", "decode_unit", "encode_unit"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "Checkpoint",
+    "CheckpointError",
+    "decode_unit",
+    "encode_unit",
+    "pieces",
+]
 
 FORMAT = "rewardstream.checkpoint"
 VERSION = 1
@@ -48,18 +57,20 @@ class Checkpoint(NamedTuple):
     parts: dict[str, tuple[int | None, HeldPart]]
 
 
-def encode_unit(unit: Unit, seen: Mapping[str, int | None]) -> bytes | None:
+def encode_unit(unit: Unit, seen: Mapping[str, int | None]) -> list[Section] | None:
     """The unit's open parts at its position (``seen``: per run, when it was last heard of, ms
-    since the epoch); None when a held rollout has no offset (in process: nothing to point at)."""
+    since the epoch) as buffers to send back to back: the part's own, not copies, so the unit
+    must take no event until they are sent. None when a held rollout has no offset (in
+    process: nothing to point at)."""
     heads: list[dict[str, Any]] = []
-    bodies: list[bytes] = []
+    bodies: list[Section] = []
     for run_id, part in unit.parts.items():
         if part.final is not None:
             continue
         if any(not isinstance(at, int) for at in part.unmatched.values()):
             return None
-        body = encode_part(part, {"run": run_id, "unit": unit.name})
-        digests = part.contents.digests.tobytes()
+        size, body = encode_part(part, {"run": run_id, "unit": unit.name})
+        digests = part.contents.digests.tobytes()  # a copy: a retirement replaces the array
         heads.append(
             {
                 "run": run_id,
@@ -68,14 +79,32 @@ def encode_unit(unit: Unit, seen: Mapping[str, int | None]) -> bytes | None:
                 "unmatched": [x for (t, r), at in part.unmatched.items() for x in (t, r, at)],
                 "out": sorted(part.state.left_out()),
                 "seen": seen.get(run_id),
-                "bytes": len(body),
+                "bytes": size,
                 "digests": len(digests),
             }
         )
-        bodies += [body, digests]
+        bodies += [*body, digests]
     head = {"format": FORMAT, "v": VERSION, "unit": unit.name, "position": unit.position}
-    line = orjson.dumps(head | {"parts": heads}, option=orjson.OPT_APPEND_NEWLINE)
-    return b"".join([line, *bodies])
+    return [orjson.dumps(head | {"parts": heads}, option=orjson.OPT_APPEND_NEWLINE), *bodies]
+
+
+def pieces(buffers: Sequence[Section], size: int) -> Iterator[bytes]:
+    """``buffers`` back to back, in pieces of ``size`` bytes (the last one shorter), each a
+    copy of at most ``size`` bytes: a checkpoint is sent without ever being joined whole."""
+    out: list[memoryview] = []
+    have = 0
+    for buffer in buffers:
+        view = memoryview(buffer).cast("B")
+        while len(view):
+            take = view[: size - have]
+            out.append(take)
+            have += len(take)
+            view = view[len(take) :]
+            if have == size:
+                yield b"".join(out)
+                out, have = [], 0
+    if out:
+        yield b"".join(out)
 
 
 def decode_unit(data: bytes, unit: str) -> Checkpoint:

@@ -109,11 +109,12 @@ def encode_parts(parts: Sequence[tuple[Part, Mapping[str, str | int]]]) -> bytes
     return b"".join(_body(parts))
 
 
-def encode_part(part: Part, identity: Mapping[str, str | int]) -> bytes:
+def encode_part(part: Part, identity: Mapping[str, str | int]) -> tuple[int, list[Section]]:
     """One whole part as :func:`encode_parts` frames it, every ``sample`` row kept (a
-    checkpoint's: rows out of reach now may be a profile's sample once more results come)."""
+    checkpoint's: rows out of reach now may be a profile's sample once more results come):
+    its length and its buffers, the live ones (send them before the part takes an event)."""
     size, chunks = _chunks(part, identity)
-    return b"".join([_LENGTH.pack(size), *chunks])
+    return _LENGTH.size + size, [_LENGTH.pack(size), *chunks]
 
 
 def _body(parts: Sequence[tuple[Part, Mapping[str, str | int]]]) -> list[Section]:

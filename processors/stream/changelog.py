@@ -28,7 +28,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from rewardstream.contract.engine import CHUNK_BYTES
 from rewardstream.kafka.config import KafkaSecurity, start_client
-from rewardstream.processors.engine.checkpoints import CheckpointError, decode_unit, encode_unit
+from rewardstream.processors.engine.checkpoints import (
+    CheckpointError,
+    decode_unit,
+    encode_unit,
+    pieces,
+)
 from rewardstream.processors.engine.pipeline import Pipeline
 
 __all__ = ["COST", "EVERY", "Changelog", "Named"]
@@ -106,27 +111,28 @@ class Changelog:
         now_ms, clock = time.time() * 1000, self.pipeline.clock()
         runs = self.pipeline.runs
         seen = {r: int(now_ms - (clock - runs[r].seen) * 1000) for r in unit.parts if r in runs}
-        blob, position = encode_unit(unit, seen), unit.position  # no await between
-        self._last[name] = (began, time.monotonic() - began, position)
-        if blob is None:
+        buffers, position = encode_unit(unit, seen), unit.position
+        if buffers is None:
             return None
         id_ = secrets.token_hex(8)
-        view = memoryview(blob)
-        pieces = [view[at : at + CHUNK_BYTES] for at in range(0, len(blob), CHUNK_BYTES)] or [view]
-        offsets: list[int] = []
+        crc, number, offsets, window = 0, 0, list[int](), []
         try:
-            for lo in range(0, len(pieces), _WINDOW):  # a window in flight: memory stays flat
-                sent = [
-                    await producer.send(
-                        self.topic, bytes(piece), key=f"{self.group}/{name}/{id_}/{i}".encode()
-                    )
-                    for i, piece in enumerate(pieces[lo : lo + _WINDOW], lo)
-                ]
-                offsets += [m.offset for m in await asyncio.gather(*sent)]
+            # sent from the unit's own buffers, a piece at a time: the unit takes no event
+            # meanwhile, for only the consume loop applies events, and it awaits this
+            for piece in pieces(buffers, CHUNK_BYTES):
+                crc = zlib.crc32(piece, crc)
+                key = f"{self.group}/{name}/{id_}/{number}".encode()
+                window.append(await producer.send(self.topic, piece, key=key))
+                number += 1
+                if len(window) == _WINDOW:  # a window in flight: memory stays flat
+                    offsets += [m.offset for m in await asyncio.gather(*window)]
+                    window = []
+            offsets += [m.offset for m in await asyncio.gather(*window)]
         except Exception as exc:  # any failure: the last one stays named
             log.warning("%s: checkpoint not written (%s); the last one stands", name, exc)
+            self._last[name] = (began, time.monotonic() - began, position)
             return None
-        named = Named(id_, position, min(offsets), max(offsets) + 1, len(pieces), zlib.crc32(blob))
+        named = Named(id_, position, min(offsets), max(offsets) + 1, number, crc)
         self._last[name] = (began, time.monotonic() - began, position)
         if self.pipeline.units.get(name) is unit:  # not revoked meanwhile
             self.named[name] = named
