@@ -11,12 +11,13 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import OffsetAndMetadata
 
 from rewardstream.contract.events import EventKind, Topics, task_key
 from rewardstream.infra.http_security import HttpSecurity, open_url
@@ -127,51 +128,57 @@ def send_events(
     asyncio.run(go())
 
 
+T = TypeVar("T")
+
+
 def committed(bootstrap: str, group: str, topic: str, timeout: float = 90) -> int:
     """Wait until ``group`` has committed a position past 0 on some partition of ``topic``
     (the processor's commit metadata: its offset is where a replay starts, 0 while the run is
     open); the sum of those positions. An awaited commit, not a pause that hopes for one."""
 
-    async def go() -> int:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    offsets = await admin.list_consumer_group_offsets(group)
-                    total: int = sum(
-                        orjson.loads(m.metadata)["position"]
-                        for tp, m in offsets.items()
-                        if tp.topic == topic and m.offset >= 0 and m.metadata
-                    )
-                    if total > 0:
-                        return total
-                    await asyncio.sleep(0.1)
-        finally:
-            await admin.close()
+    def total(offsets: dict[TopicPartition, OffsetAndMetadata]) -> int | None:
+        positions = [
+            orjson.loads(m.metadata)["position"]
+            for tp, m in offsets.items()
+            if tp.topic == topic and m.offset >= 0 and m.metadata
+        ]
+        return sum(positions) or None
 
-    return asyncio.run(go())
+    return _commits_until(bootstrap, group, total, timeout)
 
 
 def checkpointed(bootstrap: str, group: str, topics: Topics, timeout: float = 90) -> dict[str, Any]:
     """Wait until ``group``'s commits on every partition of both data topics name a
     checkpoint (the processor's commit metadata); those checkpoints, by ``topic:partition``."""
 
-    async def go() -> dict[str, Any]:
+    def named(offsets: dict[TopicPartition, OffsetAndMetadata]) -> dict[str, Any] | None:
+        out = {
+            f"{tp.topic}:{tp.partition}": orjson.loads(m.metadata).get("checkpoint")
+            for tp, m in offsets.items()
+            if tp.topic in (topics.inputs, topics.rollouts) and m.metadata
+        }
+        whole = len({k.rpartition(":")[0] for k in out}) == 2 and all(out.values())
+        return out if whole else None
+
+    return _commits_until(bootstrap, group, named, timeout)
+
+
+def _commits_until(
+    bootstrap: str,
+    group: str,
+    found: Callable[[dict[TopicPartition, OffsetAndMetadata]], T | None],
+    timeout: float,
+) -> T:
+    """Ask ``group``'s committed offsets until ``found`` makes something of them; that."""
+
+    async def go() -> T:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
         try:
             async with asyncio.timeout(timeout):
-                while True:
-                    offsets = await admin.list_consumer_group_offsets(group)
-                    named = {
-                        f"{tp.topic}:{tp.partition}": orjson.loads(m.metadata).get("checkpoint")
-                        for tp, m in offsets.items()
-                        if tp.topic in (topics.inputs, topics.rollouts) and m.metadata
-                    }
-                    if len({k.rpartition(":")[0] for k in named}) == 2 and all(named.values()):
-                        return named
+                while (got := found(await admin.list_consumer_group_offsets(group))) is None:
                     await asyncio.sleep(0.1)
+                return got
         finally:
             await admin.close()
 

@@ -65,6 +65,12 @@ def _blob(unit: Unit) -> bytes | None:
     return None if buffers is None else b"".join(pieces(buffers, 4096))
 
 
+def _restore(pipeline: Pipeline, name: str, blob: bytes) -> list[str]:
+    """Hold the new unit ``name`` again from ``blob``, as a processor does."""
+    checkpoint = decode_unit(blob, name)
+    return pipeline.restore(name, checkpoint, checkpoint.built(pipeline.unit(name)))
+
+
 def _files(folder: Path, case: GoldenCase) -> dict[str, bytes]:
     return {s: (folder / "run-1" / f"{case.stem}{s}").read_bytes() for s in OUTPUT_SUFFIXES}
 
@@ -92,7 +98,7 @@ def test_a_unit_held_again_from_its_checkpoint_goes_on_as_if_never_stopped(
                     blobs[name] = blob
         _feed(second, [e for e in log[: cuts[1]] if e[2] is None])  # control: everyone's
         for name in sorted(blobs, reverse=seed > 2):
-            second.restore(name, decode_unit(blobs[name], name))
+            _restore(second, name, blobs[name])
         for unit in ("input-0", "input-1", "rollout-0", "rollout-1"):
             second.unit(unit)  # one without a checkpoint: new, read from its start
         at = {n: u.position for n, u in second.units.items()}
@@ -134,10 +140,70 @@ def test_a_checkpoint_that_does_not_fit_its_state_leaves_the_unit_new(tmp_path: 
     run_id, (seen, held) = next(iter(checkpoint.parts.items()))
     bad = checkpoint._replace(parts={run_id: (seen, held._replace(foreign=held.foreign + 1))})
     with Pipeline(tmp_path / "b") as second:
+        unit = second.unit(name)
         with pytest.raises(ValueError, match="left out"):
-            second.restore(name, bad)
-        unit = second.units[name]
-        assert not unit.parts and unit.position == 0 and not second.runs[run_id].parts
+            bad.built(unit)
+        assert not unit.parts and unit.position == 0 and run_id not in second.runs
+        assert not list((tmp_path / "b").rglob("*.spill"))  # what it built is gone
+
+
+def _spills(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.spill"))
+
+
+def test_parts_built_for_a_unit_revoked_meanwhile_are_dropped(tmp_path: Path) -> None:
+    """A rebalance while the parts were built off the event loop: the unit is not this
+    processor's (or not new) any more, so nothing is attached and the built spills go."""
+    log = _log(CASES[0], 1)
+    last = max(i for i, e in enumerate(log) if e[0] == "rollout")
+    with Pipeline(tmp_path / "a") as first:
+        _feed(first, log[:last] + log[last + 1 :])  # one rollout short: open
+        name = "input-0"
+        blob = _blob(first.units[name])
+        assert blob is not None
+    checkpoint = decode_unit(blob, name)
+    with Pipeline(tmp_path / "b") as second:
+        parts = checkpoint.built(second.unit(name))
+        assert _spills(tmp_path / "b")
+        second.release(name)
+        with pytest.raises(ValueError, match="not a new one"):
+            second.restore(name, checkpoint, parts)
+        assert name not in second.units and not _spills(tmp_path / "b")
+        again = second.unit(name)
+        again.position = 1  # placed meanwhile: not new either
+        with pytest.raises(ValueError, match="not a new one"):
+            second.restore(name, checkpoint, checkpoint.built(again))
+        assert not second.units[name].parts and not _spills(tmp_path / "b")
+
+
+def test_a_checkpoint_past_the_cut_of_a_run_final_meanwhile_is_refused(tmp_path: Path) -> None:
+    """A run that became final after the checkpoint was written: its events between the
+    terminal record's cut and the checkpoint's position are late (parked on a replay), so a
+    checkpoint past the cut would lose them; one at or before it is used, the run left out."""
+    case = CASES[0]
+    log = _log(case, 1)
+    with Pipeline(tmp_path / "whole") as whole:
+        _feed(whole, log)
+        done = whole.runs["run-1"].terminal
+        assert done is not None
+        cuts = dict(done.cuts)
+    last, name = max(i for i, e in enumerate(log) if e[0] == "rollout"), "input-0"
+    with Pipeline(tmp_path / "a") as first:
+        _feed(first, log[:last] + log[last + 1 :])  # one rollout short: open, rows all there
+        blob = _blob(first.units[name])
+        assert blob is not None and first.units[name].position == cuts[name]
+    control = [e for e in log if e[2] is None]
+    for cut, used in ((cuts[name] - 1, False), (first.units[name].position, True)):
+        folder = tmp_path / f"cut{cut}"
+        with Pipeline(folder) as second:
+            _feed(second, control[:1])  # RunStarted, then its terminal record, ``cut`` here
+            second.mark_final("run-1", done._replace(cuts={**cuts, name: cut}))
+            if used:
+                assert _restore(second, name, blob) == []  # the final run left out
+            else:
+                with pytest.raises(ValueError, match="past where the terminal record"):
+                    _restore(second, name, blob)
+            assert not second.units[name].parts and not _spills(folder)
 
 
 def test_a_unit_holding_an_offsetless_rollout_has_no_checkpoint(tmp_path: Path) -> None:
@@ -164,7 +230,7 @@ def test_a_key_held_again_with_other_content_is_a_conflict_not_a_duplicate(
         blob = _blob(first.units[name])
         assert blob is not None
         _feed(second, [e for e in log if e[2] is None])  # control: every processor's
-        second.restore(name, decode_unit(blob, name))
+        _restore(second, name, blob)
         part = second.units[name].parts["run-1"]
         assert (part.duplicates, part.conflicts) == (0, 0)
         second.handle(kind, raw, name, offset)

@@ -54,16 +54,7 @@ def test_kill_9_mid_run_then_restart(
     second.kill(signal.SIGTERM)
     assert second.proc.returncode == 0, log.read_text()[-2000:]
 
-    assert (
-        ng_reward_profile(
-            [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
-        )
-        == 0
-    )
-    for suffix in OUTPUT_SUFFIXES:
-        assert (out / "run" / f"r{suffix}").read_bytes() == (data / f"r{suffix}").read_bytes(), (
-            suffix
-        )
+    _as_nemo_gym_writes(inputs, rollouts, out / "run", data)
 
 
 @pytest.mark.parametrize("fault", [None, "checkpoints deleted"])
@@ -107,6 +98,11 @@ def test_a_new_owner_holds_the_named_checkpoint_again_or_replays(
         restored = f"{unit}: held again from checkpoint" in text
         refused = f"{unit}: checkpoint " in text and "unusable" in text
         assert (restored, refused) == ((True, False) if fault is None else (False, True)), named
+    _as_nemo_gym_writes(inputs, rollouts, out / "run", data)
+
+
+def _as_nemo_gym_writes(inputs: Path, rollouts: Path, written: Path, data: Path) -> None:
+    """The files in ``written`` are those the batch profile writes beside the inputs."""
     assert (
         ng_reward_profile(
             [f"+materialized_inputs_jsonl_fpath={inputs}", f"+rollouts_jsonl_fpath={rollouts}"]
@@ -114,9 +110,7 @@ def test_a_new_owner_holds_the_named_checkpoint_again_or_replays(
         == 0
     )
     for suffix in OUTPUT_SUFFIXES:
-        assert (out / "run" / f"r{suffix}").read_bytes() == (data / f"r{suffix}").read_bytes(), (
-            suffix
-        )
+        assert (written / f"r{suffix}").read_bytes() == (data / f"r{suffix}").read_bytes(), suffix
 
 
 async def _delete_all(bootstrap: str, topic: str) -> None:

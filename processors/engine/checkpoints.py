@@ -27,7 +27,7 @@ from rewardstream.contract.events import content_sum
 from rewardstream.errors import RewardstreamError
 from rewardstream.processors.core.state import Section
 from rewardstream.processors.engine.partwire import PartFormatError, decode_part, encode_part
-from rewardstream.processors.engine.runs import HeldPart, Unit
+from rewardstream.processors.engine.runs import HeldPart, Part, Unit
 
 __all__ = [
     "FORMAT",
@@ -55,6 +55,11 @@ class Checkpoint(NamedTuple):
 
     position: int
     parts: dict[str, tuple[int | None, HeldPart]]
+
+    def built(self, unit: Unit) -> dict[str, Part]:
+        """Its parts built for ``unit``, apart from it (:meth:`Unit.held`), to be attached by
+        :meth:`Pipeline.restore`."""
+        return unit.held({run_id: held for run_id, (_, held) in self.parts.items()})
 
 
 def encode_unit(unit: Unit, seen: Mapping[str, int | None]) -> list[Section] | None:

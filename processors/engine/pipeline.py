@@ -256,25 +256,40 @@ class Pipeline:
                 self.runs[run_id].parts.pop(name, None)
             unit.drop()
 
-    def restore(self, name: str, checkpoint: Checkpoint) -> list[str]:
-        """Hold the new unit ``name`` again as ``checkpoint`` holds it: its open parts, at its
-        position (the transport reads on from there). A run whose terminal record is known
-        meanwhile is left out (its events up to the cut are replays). The held rollouts whose
-        rows the unit's pair holds now count, as they would have when the rows came; returns
-        the runs held again. Raises ``ValueError`` when a part is unusable, the unit left new
-        and empty."""
-        unit = self.unit(name)
-        if unit.parts or unit.position:
-            raise ValueError(f"unit {name} is not new: it holds {len(unit.parts)} parts")
+    def restore(self, name: str, checkpoint: Checkpoint, parts: dict[str, Part]) -> list[str]:
+        """Hold the new unit ``name`` again as ``checkpoint`` holds it, with ``parts`` built
+        from it (:meth:`Unit.held`): its open parts, at its position (the transport reads on
+        from there). A run whose terminal record is known meanwhile is left out (its events up
+        to the cut are replays), unless the checkpoint is past that cut: the late events
+        between would be missed, so that refuses it. The held rollouts whose rows the unit's
+        pair holds now count, as they would have when the rows came; returns the runs held
+        again. Raises ``ValueError`` when the checkpoint cannot be used: every part deleted,
+        the unit left new and empty (to be replayed)."""
+        unit = self.units.get(name)
         try:
-            for run_id, (seen, held) in checkpoint.parts.items():
-                run = self.run(run_id)
-                if run.terminal is None:
-                    self._part(name, run_id, held.first_offset).restore(held)
-                    run.heard(self._when(seen, unit.since), self.clock())
-        except ValueError:
-            self.release(name)
-            self.unit(name)  # new again, to be replayed
+            if unit is None or unit.parts or unit.position:
+                raise ValueError(f"unit {name} is not a new one of this processor")
+            for run_id in checkpoint.parts:
+                terminal = self.runs[run_id].terminal if run_id in self.runs else None
+                cut = terminal.cuts.get(name, 0) if terminal is not None else None
+                if cut is not None and checkpoint.position > cut:
+                    raise ValueError(
+                        f"it is past where the terminal record of run {run_id} covers the "
+                        f"unit to ({checkpoint.position} > {cut})"
+                    )
+            for run_id, (seen, _) in checkpoint.parts.items():
+                run, part = self.run(run_id), parts.pop(run_id)
+                if run.terminal is not None:
+                    part.delete()
+                    continue
+                unit.parts[run_id] = run.parts[name] = part
+                run.heard(self._when(seen, unit.since), self.clock())
+        except BaseException:
+            for part in parts.values():
+                part.delete()
+            if unit is not None and self.units.get(name) is unit:
+                self.release(name)
+                self.unit(name)  # new again, to be replayed
             raise
         unit.position = checkpoint.position
         pairs = (

@@ -686,9 +686,27 @@ class Unit:
     def part(self, run_id: str) -> Part:
         part = self.parts.get(run_id)
         if part is None:
-            spill = self.folder / run_id / ".state" / f"{self.name}.spill"
-            part = self.parts[run_id] = Part(spill)
+            part = self.parts[run_id] = Part(self._spill_path(run_id))
         return part
+
+    def held(self, parts: Mapping[str, HeldPart]) -> dict[str, Part]:
+        """Parts as a checkpoint holds them (:meth:`Part.restore`), built apart from this unit
+        and touching nothing else, so that a transport can build them off its event loop and
+        then attach them (:meth:`Pipeline.restore`) or delete them. Raises ``ValueError`` when
+        one is unusable, none kept."""
+        built: dict[str, Part] = {}
+        try:
+            for run_id, held in parts.items():
+                built[run_id] = Part(self._spill_path(run_id))
+                built[run_id].restore(held)
+        except BaseException:
+            for part in built.values():
+                part.delete()
+            raise
+        return built
+
+    def _spill_path(self, run_id: str) -> Path:
+        return self.folder / run_id / ".state" / f"{self.name}.spill"
 
     def drop(self) -> None:
         """Close and delete the spill files: scratch that the unit's next owner (or this

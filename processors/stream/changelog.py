@@ -22,19 +22,25 @@ import logging
 import secrets
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from rewardstream.contract.engine import CHUNK_BYTES
+from rewardstream.errors import RewardstreamError
 from rewardstream.kafka.config import KafkaSecurity, start_client
 from rewardstream.processors.engine.checkpoints import (
+    Checkpoint,
     CheckpointError,
     decode_unit,
     encode_unit,
     pieces,
 )
 from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.engine.runs import Part, Unit
+from rewardstream.sinks.topics.profiles import reader
 
 __all__ = ["COST", "EVERY", "Changelog", "Named"]
 
@@ -133,9 +139,13 @@ class Changelog:
             self._last[name] = (began, time.monotonic() - began, position)
             return None
         named = Named(id_, position, min(offsets), max(offsets) + 1, number, crc)
+        if self.pipeline.units.get(name) is not unit:  # revoked meanwhile: the next owner's
+            await self.delete(name, named)
+            return None
         self._last[name] = (began, time.monotonic() - began, position)
-        if self.pipeline.units.get(name) is unit:  # not revoked meanwhile
-            self.named[name] = named
+        replaced, self.named[name] = self.named.get(name), named
+        if replaced is not None and replaced != self._committed.get(name):
+            await self.delete(name, replaced)  # written, never named by a commit
         return named
 
     def committed(self, name: str, named: Named | None) -> Named | None:
@@ -159,16 +169,26 @@ class Changelog:
         self._committed.pop(name, None)
         self._last.pop(name, None)
 
-    async def restore(self, name: str, named: Named) -> bool:
+    async def restore(self, name: str, named: Named, current: Callable[[], bool]) -> bool:
         """Hold the new unit ``name`` again from the checkpoint its commit names; False (the
-        unit left new, logged why) when that checkpoint cannot be read whole or used."""
-        began = time.monotonic()
+        unit left new, logged why) when that checkpoint cannot be read whole or used, or when
+        ``current()`` turns False meanwhile (a rebalance: the unit, if still here, is placed
+        again after it). The checkpoint is put together, checked, decoded and built into parts
+        off the event loop, so that the group's heartbeats go on however large it is."""
+        began, unit = time.monotonic(), self.pipeline.units.get(name)
+        if unit is None:
+            return False
         try:
-            checkpoint = decode_unit(await self._read(name, named), name)
-            if checkpoint.position != named.position:
-                raise CheckpointError(f"it is at {checkpoint.position}, not {named.position}")
-            runs = self.pipeline.restore(name, checkpoint)
-        except (CheckpointError, ValueError) as exc:
+            chunks = await self._read(name, named)
+            if not current():
+                return False
+            checkpoint, parts = await asyncio.to_thread(_built, unit, named, chunks)
+            if not current():
+                for part in parts.values():
+                    part.delete()
+                return False
+            runs = self.pipeline.restore(name, checkpoint, parts)
+        except (CheckpointError, ValueError, KafkaError, OSError, RewardstreamError) as exc:
             log.warning(
                 "%s: checkpoint %s unusable (%s); replaying from the committed offset",
                 name,
@@ -188,37 +208,27 @@ class Changelog:
         )
         return True
 
-    async def _read(self, name: str, named: Named) -> bytes:
-        """The checkpoint's records, from its range of the topic, put together and checked."""
+    async def _read(self, name: str, named: Named) -> list[bytes]:
+        """The checkpoint's records, from its range of the topic, in order; all of them."""
         prefix = f"{self.group}/{name}/{named.id}/".encode()
-        consumer = AIOKafkaConsumer(  # outside any group; a fetch takes many chunks at once
-            bootstrap_servers=self.bootstrap,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=_FETCH_BYTES,
-            fetch_max_bytes=_FETCH_BYTES,
-            **self.security.client_kwargs(),
-        )
+        consumer = reader(self.bootstrap, self.security, _FETCH_BYTES)
         await start_client(consumer, self.bootstrap, self.security)
-        pieces: dict[int, bytes] = {}
+        chunks: dict[int, bytes] = {}
         try:
             async with asyncio.timeout(READ_TIMEOUT):
-                await self._pieces(consumer, prefix, named, pieces)
+                await self._chunks(consumer, prefix, named, chunks)
         except TimeoutError:
             raise CheckpointError(f"not read within {READ_TIMEOUT:.0f} s") from None
         finally:
             await consumer.stop()
-        if sorted(pieces) != list(range(named.chunks)):
-            raise CheckpointError(f"{len(pieces)} of its {named.chunks} records are there")
-        blob = b"".join(pieces[i] for i in range(named.chunks))
-        if zlib.crc32(blob) != named.crc:
-            raise CheckpointError("its records do not add up to its CRC-32")
-        return blob
+        if sorted(chunks) != list(range(named.chunks)):
+            raise CheckpointError(f"{len(chunks)} of its {named.chunks} records are there")
+        return [chunks[i] for i in range(named.chunks)]
 
-    async def _pieces(
-        self, consumer: AIOKafkaConsumer, prefix: bytes, named: Named, pieces: dict[int, bytes]
+    async def _chunks(
+        self, consumer: AIOKafkaConsumer, prefix: bytes, named: Named, chunks: dict[int, bytes]
     ) -> None:
-        """Read the checkpoint's range of the topic into ``pieces`` (chunk number -> bytes)."""
+        """Read the checkpoint's range of the topic into ``chunks`` (number -> bytes)."""
         tp = TopicPartition(self.topic, 0)
         consumer.assign([tp])
         consumer.seek(tp, named.at)
@@ -232,4 +242,16 @@ class Changelog:
                 if record.offset >= named.end:
                     return
                 if record.key and record.key.startswith(prefix) and record.value is not None:
-                    pieces[int(record.key[len(prefix) :])] = record.value
+                    chunks[int(record.key[len(prefix) :])] = record.value
+
+
+def _built(unit: Unit, named: Named, chunks: list[bytes]) -> tuple[Checkpoint, dict[str, Part]]:
+    """The checkpoint ``named`` from its records, checked, and the unit's parts built from it
+    (:meth:`Unit.held`): the work of a restore that touches nothing shared, for a thread."""
+    blob = b"".join(chunks)
+    if zlib.crc32(blob) != named.crc:
+        raise CheckpointError("its records do not add up to its CRC-32")
+    checkpoint = decode_unit(blob, unit.name)
+    if checkpoint.position != named.position:
+        raise CheckpointError(f"it is at {checkpoint.position}, not {named.position}")
+    return checkpoint, checkpoint.built(unit)

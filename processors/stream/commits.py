@@ -7,6 +7,7 @@ checkpoint a new owner restores instead of replaying up to it
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -60,7 +61,10 @@ class Commits:
     async def checkpoint(self, now: float, idle: bool) -> None:
         """Commit when idle or every :attr:`every` seconds, after writing the checkpoints due."""
         if idle or now - self._last >= self.every:
+            units, floor = self.pipeline.units, self._floor
             for name in self.changelog.due(now):
+                if units[name].position < floor.get(name, 0):
+                    continue  # still replaying to where its last owner was: never named
                 if await self.changelog.write(name) is not None:
                     self.moved.add(name)  # the commit names it
             await self.commit()
@@ -114,12 +118,15 @@ class Commits:
                 await self.changelog.delete(name, gone)
         return True
 
-    async def place(self) -> None:
+    async def place(self, current: Callable[[], bool]) -> None:
         """A new unit is consumed from its committed offset: everything before it belongs to
         runs that are closed, so that is its position until a record moves it (a partition
         with no new record must not look unconsumed to a finished run's end offsets). The
         position its last owner had reached (the commit's metadata) is its *floor*: until the
-        replay gets there, the unit commits nothing, so the group's position never goes back."""
+        replay gets there, the unit commits nothing, so the group's position never goes back.
+        A checkpoint the commit names is held again, and the unit read on from its position.
+        Once ``current()`` turns False (a rebalance while this awaited) it stops: the units
+        still new are placed again after the rebalance, the others were seeked by it."""
         consumer = self.units.consumer
         assert consumer is not None
         names = [n for n in self.unplaced if n in self.pipeline.units]
@@ -128,17 +135,22 @@ class Commits:
         tp = self.units.tp
         committed = await coordinator.fetch_committed_offsets([tp(n) for n in names])
         for name in names:
+            if not current():
+                return
             unit, got = self.pipeline.units.get(name), committed.get(tp(name))
             if unit is None or got is None or got.offset < 0:
                 continue
             self._floor[name] = _committed_position(got.metadata, got.offset)
             parked = _committed_parked(got.metadata)
+            unit.parked |= parked  # before a restore: what its judge parks, it parks once
             named = _committed_checkpoint(got.metadata)
             if named is not None and got.offset <= named.position <= self._floor[name]:
-                if await self.changelog.restore(name, named):
+                if await self.changelog.restore(name, named, current):
                     consumer.seek(tp(name), named.position)  # replay only what follows
+                if not current():
+                    return
                 unit = self.pipeline.units[name]  # held again, or new again
-            unit.parked |= parked
+                unit.parked |= parked
             if got.offset > unit.position:
                 unit.position = got.offset
             self.membership.changed = True

@@ -5,6 +5,7 @@ control events read by every processor, from the start, outside the group."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -101,6 +102,10 @@ class ConsumeLoop:
             batch = await consumer.getmany(timeout_ms=200, max_records=_BATCH)
             await out.put((self.generation, batch))
 
+    def current(self, generation: int) -> bool:
+        """No rebalance since ``generation``: what was decided under it still holds."""
+        return generation == self.generation
+
     async def consume(
         self,
         fetched: asyncio.Queue[tuple[int, Batch]],
@@ -115,7 +120,7 @@ class ConsumeLoop:
             if generation != self.generation:  # fetched before a rebalance: positions moved
                 continue
             if self.commits.unplaced:
-                await self.commits.place()
+                await self.commits.place(functools.partial(self.current, generation))
             for tp, records in batch.items():
                 await self._apply(tp, records, generation)
             if self.pipeline.strays:

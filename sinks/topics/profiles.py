@@ -148,15 +148,18 @@ async def _partitions(admin: AIOKafkaAdminClient) -> dict[str, list[dict[str, An
     return {t["topic"]: t["partitions"] for t in await admin.describe_topics() if t["partitions"]}
 
 
-def reader(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:
+def reader(bootstrap: str, security: KafkaSecurity, fetch_bytes: int = 1 << 20) -> AIOKafkaConsumer:
     """A consumer outside any group, from the start, of committed records only: how the
-    engine's topics (and the control topic) are read."""
+    engine's topics (and the control topic) are read; ``fetch_bytes`` per fetch and partition
+    (large records read back to back, as checkpoints are, want more than the default)."""
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
         enable_auto_commit=False,
         isolation_level="read_committed",
         auto_offset_reset="earliest",
+        max_partition_fetch_bytes=fetch_bytes,
+        fetch_max_bytes=max(fetch_bytes, 50 << 20),
         **security.client_kwargs(),
     )
 

@@ -1,0 +1,77 @@
+"""A checkpoint read back while the group rebalances is never half used: the unit, revoked or
+placed again meanwhile, is left to what the rebalance decided, and what was built for it is
+deleted (real broker: the read is the processor's own, from its checkpoints topic)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from bench.checkpoint_bench import make_changelog
+from rewardstream.kafka.config import KafkaSecurity
+from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.stream.changelog import Changelog, Named
+from tests.test_checkpoints import CASES, _feed, _log
+
+
+async def _written(bootstrap: str, topic: str, pipeline: Pipeline, name: str) -> Named:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        writer = Changelog(pipeline, topic, "g", bootstrap, KafkaSecurity())
+        writer.producer = producer
+        named = await writer.write(name)
+    finally:
+        await producer.stop()
+    assert named is not None
+    return named
+
+
+def test_a_checkpoint_read_across_a_rebalance_is_not_held(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    log = _log(CASES[0], 1)
+    last = max(i for i, e in enumerate(log) if e[0] == "rollout")
+    name, topic = "input-0", f"ckpt-{tmp_path.name[-24:]}"
+    asyncio.run(make_changelog(kafka_bootstrap, topic))
+    with Pipeline(tmp_path / "a") as first:
+        _feed(first, log[:last] + log[last + 1 :])  # one rollout short: the run stays open
+        position = first.units[name].position
+        named = asyncio.run(_written(kafka_bootstrap, topic, first, name))
+    control = [e for e in log if e[2] is None][:1]
+    calls: list[int] = []
+
+    def stale_after(n: int) -> Callable[[], bool]:  # the rebalance lands after n checks
+        def current() -> bool:
+            calls.append(1)
+            return len(calls) <= n
+
+        return current
+
+    for checks in (0, 1):  # during the read; while the parts were built
+        calls.clear()
+        folder = tmp_path / f"stale{checks}"
+        with Pipeline(folder) as second:
+            _feed(second, control)
+            second.unit(name)
+            reader = Changelog(second, topic, "g", kafka_bootstrap, KafkaSecurity())
+            held = asyncio.run(reader.restore(name, named, stale_after(checks)))
+            assert held is False and len(calls) == checks + 1
+            unit = second.units[name]
+            assert not unit.parts and unit.position == 0 and not list(folder.rglob("*.spill"))
+            assert name not in reader.named
+    with Pipeline(tmp_path / "gone") as second:  # revoked before the restore began
+        _feed(second, control)
+        reader = Changelog(second, topic, "g", kafka_bootstrap, KafkaSecurity())
+        assert asyncio.run(reader.restore(name, named, lambda: True)) is False
+        assert name not in second.units
+    with Pipeline(tmp_path / "held") as second:  # no rebalance: held again
+        _feed(second, control)
+        second.unit(name)
+        reader = Changelog(second, topic, "g", kafka_bootstrap, KafkaSecurity())
+        assert asyncio.run(reader.restore(name, named, lambda: True)) is True
+        assert second.units[name].position == position and second.units[name].parts
+        assert list((tmp_path / "held").rglob("*.spill"))
