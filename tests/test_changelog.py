@@ -63,6 +63,10 @@ def test_a_checkpoint_read_across_a_rebalance_is_not_held(
             unit = second.units[name]
             assert not unit.parts and unit.position == 0 and not list(folder.rglob("*.spill"))
             assert name not in reader.named
+            # placed again after the rebalance: replayed, not restored (a restore overtaken
+            # once may be every time), and restored again the time after
+            assert asyncio.run(reader.restore(name, named, lambda: True)) is False
+            assert not second.units[name].parts and second.units[name].position == 0
     with Pipeline(tmp_path / "gone") as second:  # revoked before the restore began
         _feed(second, control)
         reader = Changelog(second, topic, "g", kafka_bootstrap, KafkaSecurity())
@@ -75,3 +79,16 @@ def test_a_checkpoint_read_across_a_rebalance_is_not_held(
         assert asyncio.run(reader.restore(name, named, lambda: True)) is True
         assert second.units[name].position == position and second.units[name].parts
         assert list((tmp_path / "held").rglob("*.spill"))
+
+
+def test_a_checkpoint_a_failed_commit_may_have_named_is_not_deleted_before_a_newer_one(
+    tmp_path: Path,
+) -> None:
+    """A commit that fails may still have been applied (a timeout after the broker wrote it):
+    its checkpoint counts as named until a later commit names a newer one."""
+    with Pipeline(tmp_path) as pipeline:
+        changelog = Changelog(pipeline, "t", "g", "localhost:1", KafkaSecurity())
+        c1, c2, c3 = (Named(f"id{i}", i, i, i + 1, 1, 0) for i in (1, 2, 3))
+        assert changelog.committed("input-0", c1) is None
+        changelog.uncertain("input-0", c2)  # the commit naming c2 failed
+        assert changelog.committed("input-0", c3) == c2  # c1 left to retention, c2 deleted

@@ -92,6 +92,10 @@ class Changelog:
         self.named: dict[str, Named] = {}  # unit -> its newest checkpoint, acknowledged
         self._committed: dict[str, Named] = {}  # unit -> the one its last commit named
         self._last: dict[str, tuple[float, float, int]] = {}  # unit -> (when, took, position)
+        # units whose last restore a rebalance overtook: replayed the next time, for a restore
+        # that takes longer than the group lets a member go without polling would be overtaken
+        # again and again, and the unit never placed
+        self._overtaken: set[str] = set()
 
     def due(self, now: float) -> list[str]:
         """The owned units due a checkpoint at ``now`` (:func:`time.monotonic`)."""
@@ -163,6 +167,12 @@ class Changelog:
             key = f"{self.group}/{name}/{named.id}/{i}".encode()
             await self.producer.send(self.topic, None, key=key)
 
+    def uncertain(self, name: str, named: Named) -> None:
+        """A commit naming ``named`` failed, perhaps after the broker applied it: it counts as
+        named, so it is deleted only once a later commit names a newer one (the one before is
+        left to the topic's retention)."""
+        self._committed[name] = named
+
     def release(self, name: str) -> None:
         """The unit is no longer owned here: its checkpoints are its next owner's business."""
         self.named.pop(name, None)
@@ -178,12 +188,22 @@ class Changelog:
         began, unit = time.monotonic(), self.pipeline.units.get(name)
         if unit is None:
             return False
+        if name in self._overtaken:
+            self._overtaken.discard(name)
+            log.warning(
+                "%s: its last restore was overtaken by a rebalance; replaying from the "
+                "committed offset",
+                name,
+            )
+            return False
         try:
             chunks = await self._read(name, named)
             if not current():
+                self._overtaken.add(name)
                 return False
             checkpoint, parts = await asyncio.to_thread(_built, unit, named, chunks)
             if not current():
+                self._overtaken.add(name)
                 for part in parts.values():
                     part.delete()
                 return False

@@ -111,6 +111,9 @@ class Commits:
             await consumer.commit(offsets)
         except (CommitFailedError, KafkaError) as exc:
             log.warning("offsets not committed (%s): the group has moved on", exc)
+            for name, named in naming.items():
+                if named is not None:
+                    self.changelog.uncertain(name, named)
             return False
         self.moved -= todo
         for name, named in naming.items():
