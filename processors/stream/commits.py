@@ -62,9 +62,10 @@ class Commits:
         """Commit when idle or every :attr:`every` seconds, after writing the checkpoints due."""
         if idle or now - self._last >= self.every:
             units, floor = self.pipeline.units, self._floor
-            for name in self.changelog.due(now):
-                if units[name].position < floor.get(name, 0):
-                    continue  # still replaying to where its last owner was: never named
+            for name in self.changelog.due(now):  # a write awaits: a rebalance may revoke
+                unit = units.get(name)
+                if unit is None or unit.position < floor.get(name, 0):
+                    continue  # revoked meanwhile, or still replaying to its last owner's place
                 if await self.changelog.write(name) is not None:
                     self.moved.add(name)  # the commit names it
             await self.commit()
