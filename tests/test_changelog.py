@@ -1,6 +1,7 @@
 """A checkpoint read back while the group rebalances is never half used: the unit, revoked or
 placed again meanwhile, is left to what the rebalance decided, and what was built for it is
-deleted (real broker: the read is the processor's own, from its checkpoints topic)."""
+deleted (real broker: the read is the processor's own, from its checkpoints topic); nor is one
+written for a unit the rebalance took."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from bench.checkpoint_bench import make_changelog
+from rewardstream.contract.events import Topics
 from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.processors.engine.pipeline import Pipeline
 from rewardstream.processors.stream.changelog import Changelog, Named
+from rewardstream.processors.stream.commits import Commits
+from rewardstream.processors.stream.dead_letters import DeadLetters
+from rewardstream.processors.stream.membership import Membership
+from rewardstream.processors.stream.units import Units
 from tests.test_checkpoints import CASES, _feed, _log
 
 
@@ -92,3 +98,30 @@ def test_a_checkpoint_a_failed_commit_may_have_named_is_not_deleted_before_a_new
         assert changelog.committed("input-0", c1) is None
         changelog.uncertain("input-0", c2)  # the commit naming c2 failed
         assert changelog.committed("input-0", c3) == c2  # c1 left to retention, c2 deleted
+
+
+def test_a_unit_revoked_while_another_units_checkpoint_is_written_is_skipped(
+    tmp_path: Path,
+) -> None:
+    """Writing a checkpoint awaits Kafka, so a rebalance may revoke a unit due after it: the
+    commit timer skips that unit, and the processor goes on (it ended on a KeyError once)."""
+
+    class Revoking(Changelog):  # the rebalance lands while input-0's checkpoint is written
+        def due(self, now: float) -> list[str]:
+            return ["input-0", "input-1"]
+
+        async def write(self, name: str) -> Named | None:
+            written.append(name)
+            self.pipeline.release("input-1")
+            return None
+
+    written: list[str] = []
+    with Pipeline(tmp_path) as pipeline:
+        pipeline.unit("input-0"), pipeline.unit("input-1")
+        units = Units(Topics.for_prefix("p"))
+        changelog = Revoking(pipeline, "t", "g", "localhost:1", KafkaSecurity())
+        dead_letters = DeadLetters(pipeline, units, "d", "localhost:1", KafkaSecurity(), print)
+        membership = Membership(pipeline, units, "c", "p", "g", "m")
+        commits = Commits(pipeline, units, dead_letters, membership, changelog, 1.0)
+        asyncio.run(commits.checkpoint(0.0, idle=True))
+        assert written == ["input-0"] and "input-1" not in pipeline.units
