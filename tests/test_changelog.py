@@ -6,15 +6,19 @@ written for a unit the rebalance took."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from bench.checkpoint_bench import make_changelog
 from rewardstream.contract.events import Topics
 from rewardstream.kafka.config import KafkaSecurity
 from rewardstream.processors.engine.pipeline import Pipeline
+from rewardstream.processors.stream import changelog as changelog_module
 from rewardstream.processors.stream.changelog import Changelog, Named
 from rewardstream.processors.stream.commits import Commits
 from rewardstream.processors.stream.dead_letters import DeadLetters
@@ -36,8 +40,27 @@ async def _written(bootstrap: str, topic: str, pipeline: Pipeline, name: str) ->
     return named
 
 
+async def _cancelled_while_built(
+    reader: Changelog, name: str, named: Named, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancel ``reader``'s restore of ``name`` while its thread builds the parts."""
+    building, built = threading.Event(), changelog_module._built
+
+    def observed(*args: Any) -> Any:
+        building.set()
+        return built(*args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(changelog_module, "_built", observed)
+        restore = asyncio.ensure_future(reader.restore(name, named, lambda: True))
+        assert await asyncio.to_thread(building.wait, 60), "the restore never built"
+        restore.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await restore
+
+
 def test_a_checkpoint_read_across_a_rebalance_is_not_held(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = _log(CASES[0], 1)
     last = max(i for i, e in enumerate(log) if e[0] == "rollout")
@@ -78,6 +101,13 @@ def test_a_checkpoint_read_across_a_rebalance_is_not_held(
         reader = Changelog(second, topic, "g", kafka_bootstrap, KafkaSecurity())
         assert asyncio.run(reader.restore(name, named, lambda: True)) is False
         assert name not in second.units
+    with Pipeline(tmp_path / "cancelled") as second:  # the processor stopping mid-build
+        _feed(second, control)
+        second.unit(name)
+        reader = Changelog(second, topic, "g", kafka_bootstrap, KafkaSecurity())
+        asyncio.run(_cancelled_while_built(reader, name, named, monkeypatch))
+        assert not second.units[name].parts and second.units[name].position == 0
+        assert not list((tmp_path / "cancelled").rglob("*.spill"))
     with Pipeline(tmp_path / "held") as second:  # no rebalance: held again
         _feed(second, control)
         second.unit(name)

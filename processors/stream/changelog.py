@@ -18,6 +18,7 @@ however large the state). A checkpoint superseded by a newer one named in a comm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -201,7 +202,14 @@ class Changelog:
             if not current():
                 self._overtaken.add(name)
                 return False
-            checkpoint, parts = await asyncio.to_thread(_built, unit, named, chunks)
+            built = asyncio.ensure_future(asyncio.to_thread(_built, unit, named, chunks))
+            try:
+                checkpoint, parts = await asyncio.shield(built)
+            except asyncio.CancelledError:  # the thread goes on: what it builds is deleted
+                with contextlib.suppress(Exception):
+                    for part in (await built)[1].values():
+                        part.delete()
+                raise
             if not current():
                 self._overtaken.add(name)
                 for part in parts.values():
