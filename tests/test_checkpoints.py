@@ -4,6 +4,7 @@ processor that never stopped writes; a checkpoint that is not whole is refused, 
 from __future__ import annotations
 
 import random
+import sys
 from array import array
 from pathlib import Path
 
@@ -105,6 +106,23 @@ def test_a_unit_held_again_from_its_checkpoint_goes_on_as_if_never_stopped(
         rest = [e for i, e in enumerate(log) if (e[3] >= at[e[2]] if e[2] else i >= cuts[1])]
         _feed(second, rest)
     assert _files(tmp_path / "b", case) == _files(tmp_path / "whole", case)
+
+
+def test_a_unit_held_again_keeps_no_view_of_its_checkpoint(tmp_path: Path) -> None:
+    """Its ``rollout_infos`` entries go to its spill, as folding moves them there: a view of
+    the checkpoint kept in its state would keep all of the checkpoint in memory."""
+    log = _log(CASES[0], 1)
+    with Pipeline(tmp_path / "a") as first, Pipeline(tmp_path / "b") as second:
+        last = max(i for i, e in enumerate(log) if e[0] == "rollout")
+        _feed(first, log[:last] + log[last + 1 :])  # one rollout short: the run stays open
+        _feed(second, [e for e in log if e[2] is None][:1])
+        assert {"input-0", "rollout-0"} <= set(first.units)
+        for name in sorted(first.units):
+            blob = _blob(first.units[name])
+            assert blob is not None
+            alone = sys.getrefcount(blob)
+            assert _restore(second, name, blob)
+            assert sys.getrefcount(blob) == alone, name
 
 
 def _some_unit(tmp_path: Path) -> tuple[Pipeline, bytes, str]:

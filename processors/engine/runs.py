@@ -531,6 +531,8 @@ class Part:
             raise ValueError(f"{len(out)} results left out, not the held and foreign ones")
         if state.num_inputs and len(held.samples):
             self._spill().append(held.samples)
+        if state.info_held:  # a view of the whole checkpoint: held, it would keep all of it
+            self._spill().append(state.take_infos())
         self.state, self.first_offset = state, held.first_offset
         self.duplicates, self.conflicts = held.duplicates, held.conflicts
         self.foreign, self.unmatched = held.foreign, dict(held.unmatched)

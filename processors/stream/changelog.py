@@ -274,9 +274,12 @@ class Changelog:
 
 
 def _built(unit: Unit, named: Named, chunks: list[bytes]) -> tuple[Checkpoint, dict[str, Part]]:
-    """The checkpoint ``named`` from its records, checked, and the unit's parts built from it
-    (:meth:`Unit.held`): the work of a restore that touches nothing shared, for a thread."""
+    """The checkpoint ``named`` from its records (``chunks``, emptied once joined: the records
+    and the checkpoint are not held longer than the join), checked, and the unit's parts built
+    from it (:meth:`Unit.held`): the work of a restore that touches nothing shared, for a
+    thread."""
     blob = b"".join(chunks)
+    chunks.clear()
     if zlib.crc32(blob) != named.crc:
         raise CheckpointError("its records do not add up to its CRC-32")
     checkpoint = decode_unit(blob, unit.name)
