@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import RequestTimedOutError, for_code
 from aiokafka.structs import OffsetAndMetadata
 
 from rewardstream.contract.events import EventKind, Topics, task_key
@@ -41,19 +42,40 @@ async def make_topics(
     bootstrap: str, topics: Topics, partitions: int, replication: int = 1
 ) -> None:
     """Data topics with ``partitions`` partitions, control with one (its order matters), each
-    with ``replication`` replicas (3 on a three-broker cluster, so that one may die)."""
+    with ``replication`` replicas (3 on a three-broker cluster, so that one may die); returns
+    once the broker lists them so, each partition with a leader.
+
+    A refused creation raises, and so does a topic found in another shape: a creation that
+    timed out on a loaded broker let a client's metadata request auto-create the topics with
+    one partition first, and a trial then waited for four partitions that never came."""
+    shape = {topics.inputs: partitions, topics.rollouts: partitions, topics.control: 1}
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics(
+        response = await admin.create_topics(
             [
-                NewTopic(topics.inputs, num_partitions=partitions, replication_factor=replication),
-                NewTopic(
-                    topics.rollouts, num_partitions=partitions, replication_factor=replication
-                ),
-                NewTopic(topics.control, num_partitions=1, replication_factor=replication),
+                NewTopic(t, num_partitions=n, replication_factor=replication)
+                for t, n in shape.items()
             ]
         )
+        for name, code, *_ in response.topic_errors:  # a timeout may still create it: see below
+            if code not in (0, RequestTimedOutError.errno):
+                raise RuntimeError(f"topic {name!r} not created: {for_code(code).__name__}")
+        async with asyncio.timeout(120):  # a bound, not a pace: the loop awaits the broker
+            while True:
+                listed = {t["topic"]: t["partitions"] for t in await admin.describe_topics()}
+                for name, n in shape.items():
+                    if listed.get(name) and len(listed[name]) != n:
+                        raise RuntimeError(
+                            f"topic {name!r} has {len(listed[name])} partitions, not {n}: "
+                            "created by another client first"
+                        )
+                if all(
+                    len(listed.get(t, ())) == n and all(p["leader"] >= 0 for p in listed[t])
+                    for t, n in shape.items()
+                ):
+                    return
+                await asyncio.sleep(0.05)
     finally:
         await admin.close()
 
