@@ -19,10 +19,13 @@ one rollout unit). Then, in one process, alternating, ``--runs`` times:
    names (read, CRC-checked, decoded, held again: :meth:`Pipeline.restore`).
 
 Each restore is judged: the restored units must have the replayed position, export the same
-columns and carry the same digests, counts, held rollouts and keys. ``--self-test`` plants
+columns, carry the same digests, counts, held rollouts and keys, and keep no more
+``rollout_infos`` entries in memory than the replayed ones (the rest belong in their spills:
+a view of the checkpoint kept would keep all of it). ``--self-test`` plants
 faults in what the writer sends (a chunk under another key, a flipped byte: both must be
-refused; another group's records among the chunks: skipped, the restore exact) and fails
-unless each is caught.
+refused; another group's records among the chunks: skipped, the restore exact) and a
+restored part keeping a view of its checkpoint in memory (found), and fails unless each is
+caught.
 
 Without ``--bootstrap`` it starts its own broker from the Maven jars.
 """
@@ -142,9 +145,21 @@ def _counts(part: Part) -> tuple[int, int, int, int, int, int]:
     )
 
 
+def in_memory(pipeline: Pipeline) -> int:
+    """Bytes of ``rollout_infos`` entries its parts hold in memory (the rest are in spills)."""
+    return sum(
+        sum(map(len, part.state.info_segments()))
+        for unit in pipeline.units.values()
+        for part in unit.parts.values()
+    )
+
+
 def judge(replayed: Pipeline, restored: Pipeline) -> list[str]:
-    """How the restored units differ from the replayed ones (empty: none)."""
+    """How the restored units differ from the replayed ones (empty: none), in memory too: a
+    restored unit keeps no more ``rollout_infos`` entries there than a replayed one."""
     findings = []
+    if (kept := in_memory(restored)) > in_memory(replayed):
+        findings.append(f"restored units keep {kept:,} B of rollout infos in memory")
     for name, unit in replayed.units.items():
         again = restored.units.get(name)
         if again is None or again.position != unit.position:
@@ -173,6 +188,7 @@ class Round(NamedTuple):
     written: Timed
     restored: Timed
     size: int
+    kept: tuple[int, int]  # rollout infos in memory: restored units', replayed units' (bytes)
     refused: list[str]
     findings: list[str]
 
@@ -183,7 +199,8 @@ async def checkpoint_round(
     """Write every unit's checkpoint with the processor's :class:`Changelog` (encode, produce,
     acknowledged), then restore each into a new pipeline as a new owner does (read, check,
     decode, hold again), and judge it against ``pipeline``. ``plant``: a fault
-    (:class:`_Planting`)."""
+    (:class:`_Planting`, or ``view``: a restored part given a view as large as what the
+    replayed ones hold in memory)."""
     topic = f"ckpt-{uuid.uuid4().hex[:8]}"
     await make_changelog(bootstrap, topic)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
@@ -210,13 +227,17 @@ async def checkpoint_round(
                 if one is not None:
                     await reader.restore(name, one, lambda: True)
             restored = Timed(time.monotonic() - wall, time.process_time() - cpu)
+            if plant == "view":  # a part that kept a view of its checkpoint
+                part = next(p for u in again.units.values() for p in u.parts.values())
+                part.state.info_held.append(memoryview(bytes(in_memory(pipeline) + 1)))
             findings = judge(pipeline, again)
+            kept = in_memory(again), in_memory(pipeline)
     finally:
         logging.getLogger("rewardstream.processors.stream").removeHandler(handler)
     size = sum(
         memoryview(b).nbytes for u in pipeline.units.values() for b in encode_unit(u, {}) or []
     )
-    return Round(written, restored, size, refused, findings)
+    return Round(written, restored, size, kept, refused, findings)
 
 
 class _Lines(logging.Handler):
@@ -277,6 +298,11 @@ def one_size(bootstrap: str, tasks: int, repeats: int, runs: int, work: Path) ->
         f"  checkpoint {size / 2**20:.0f} MiB ({size / n:.0f} B a rollout); "
         f"restore / floor {restore:.2f}, replay / floor {replay:.2f}"
     )
+    restored_mib, replayed_mib = (b / 2**20 for b in rounds[-1].kept)
+    print(
+        f"  rollout infos in memory: restored units {restored_mib:.1f} MiB, "
+        f"replayed {replayed_mib:.1f} MiB (the rest in their spills)"
+    )
     for line in findings:
         print(f"  FINDING {line}")
     return findings
@@ -299,7 +325,7 @@ def planted(bootstrap: str, work: Path) -> dict[str, tuple[list[str], list[str]]
     with Pipeline(work / "state") as pipeline:
         pipeline.handle("control", encode(started))
         asyncio.run(read_all(bootstrap, topics, pipeline))
-        for plant in ("", "foreign", "missing", "corrupt"):
+        for plant in ("", "foreign", "missing", "corrupt", "view"):
             got = asyncio.run(checkpoint_round(bootstrap, pipeline, started, work, plant))
             print(f"  planted {plant or 'nothing'}: refused {got.refused}, findings {got.findings}")
             outcomes[plant] = (got.refused, got.findings)
@@ -314,6 +340,8 @@ def self_test(bootstrap: str, work: Path) -> None:
     problems = [
         f"a {p} chunk was not refused" for p in ("missing", "corrupt") if not outcomes[p][0]
     ]
+    if not any("in memory" in line for line in outcomes["view"][1]):
+        problems.append("a restored part keeping its checkpoint in memory was not found")
     problems += [
         f"planted {p or 'nothing'}: the checkpoint did not restore exactly"
         for p in ("", "foreign")

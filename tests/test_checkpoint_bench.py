@@ -1,7 +1,8 @@
 """bench/checkpoint_bench.py can fail: against a real broker, checkpoints the processor's
 Changelog writes restore to the replayed state exactly (columns, digests, counts, held
 rollouts, keys), also among another group's records; a checkpoint with a chunk missing or
-corrupted is refused, never restored."""
+corrupted is refused, never restored; a restored part keeping its checkpoint in memory is
+found."""
 
 from __future__ import annotations
 
@@ -22,3 +23,5 @@ def test_checkpoints_restore_exactly_and_broken_ones_are_refused(
     refused, found = outcomes["corrupt"]
     assert any("CRC-32" in line for line in refused), refused
     assert found
+    refused, found = outcomes["view"]
+    assert not refused and any("in memory" in line for line in found), found
