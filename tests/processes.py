@@ -61,21 +61,26 @@ async def make_topics(
         for name, code, *_ in response.topic_errors:  # a timeout may still create it: see below
             if code not in (0, RequestTimedOutError.errno):
                 raise RuntimeError(f"topic {name!r} not created: {for_code(code).__name__}")
-        async with asyncio.timeout(120):  # a bound, not a pace: the loop awaits the broker
-            while True:
-                listed = {t["topic"]: t["partitions"] for t in await admin.describe_topics()}
-                for name, n in shape.items():
-                    if listed.get(name) and len(listed[name]) != n:
-                        raise RuntimeError(
-                            f"topic {name!r} has {len(listed[name])} partitions, not {n}: "
-                            "created by another client first"
-                        )
-                if all(
-                    len(listed.get(t, ())) == n and all(p["leader"] >= 0 for p in listed[t])
-                    for t, n in shape.items()
-                ):
-                    return
-                await asyncio.sleep(0.05)
+        listed: dict[str, list[dict[str, Any]]] = {}
+        try:
+            async with asyncio.timeout(120):  # a bound, not a pace: the loop awaits the broker
+                while True:
+                    listed = {t["topic"]: t["partitions"] for t in await admin.describe_topics()}
+                    for name, n in shape.items():
+                        if listed.get(name) and len(listed[name]) != n:
+                            raise RuntimeError(
+                                f"topic {name!r} has {len(listed[name])} partitions, not {n}: "
+                                "created by another client first"
+                            )
+                    if all(
+                        len(listed.get(t, ())) == n and all(p["leader"] >= 0 for p in listed[t])
+                        for t, n in shape.items()
+                    ):
+                        return
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            mine = {t: listed.get(t) for t in shape}
+            raise RuntimeError(f"topics not listed in their shape within 120 s: {mine}") from None
     finally:
         await admin.close()
 

@@ -19,6 +19,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from rewardstream.contract.events import Topics
+from tests.processes import make_topics
+
 pytestmark = pytest.mark.kafka
 
 UniqueName = Callable[[str], str]
@@ -348,3 +351,18 @@ async def test_faust_table_survives_worker_restart(
     finally:
         await reader.stop()
         await producer.stop()
+
+
+def test_the_tests_topics_are_made_in_their_shape_or_refused(
+    kafka_bootstrap: str, unique_name: UniqueName
+) -> None:
+    """``tests.processes.make_topics`` returns once the broker lists them as asked, and raises
+    when one is there in another shape (as a client's auto-creation makes it): a trial must not
+    wait for partitions that never come."""
+    bootstrap = kafka_bootstrap
+    made = Topics.for_prefix(unique_name("made"))
+    asyncio.run(make_topics(bootstrap, made, 4))
+    taken = Topics.for_prefix(unique_name("taken"))
+    asyncio.run(create_topics(bootstrap, taken.inputs))  # one partition, as auto-creation
+    with pytest.raises(RuntimeError, match="inputs"):
+        asyncio.run(make_topics(bootstrap, taken, 4))
