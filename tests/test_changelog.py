@@ -43,11 +43,13 @@ async def _written(bootstrap: str, topic: str, pipeline: Pipeline, name: str) ->
 async def _cancelled_while_built(
     reader: Changelog, name: str, named: Named, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Cancel ``reader``'s restore of ``name`` while its thread builds the parts."""
-    building, built = threading.Event(), changelog_module._built
+    """Cancel ``reader``'s restore of ``name`` while its thread builds the parts (the thread
+    waits for the cancellation, so that the restore cannot finish first on a loaded machine)."""
+    building, cancelled, built = threading.Event(), threading.Event(), changelog_module._built
 
     def observed(*args: Any) -> Any:
         building.set()
+        cancelled.wait(60)
         return built(*args)
 
     with monkeypatch.context() as patch:
@@ -55,6 +57,7 @@ async def _cancelled_while_built(
         restore = asyncio.ensure_future(reader.restore(name, named, lambda: True))
         assert await asyncio.to_thread(building.wait, 60), "the restore never built"
         restore.cancel()
+        cancelled.set()
         with pytest.raises(asyncio.CancelledError):
             await restore
 
