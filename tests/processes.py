@@ -30,6 +30,7 @@ from rewardstream.sinks.topics.profiles import ensure_topics
 __all__ = [
     "Processor",
     "committed",
+    "create_topics",
     "make_topics",
     "read_topic",
     "run_detail",
@@ -42,13 +43,20 @@ async def make_topics(
     bootstrap: str, topics: Topics, partitions: int, replication: int = 1
 ) -> None:
     """Data topics with ``partitions`` partitions, control with one (its order matters), each
-    with ``replication`` replicas (3 on a three-broker cluster, so that one may die); returns
-    once the broker lists them so, each partition with a leader.
+    with ``replication`` replicas (3 on a three-broker cluster, so that one may die), made by
+    :func:`create_topics`."""
+    shape = {topics.inputs: partitions, topics.rollouts: partitions, topics.control: 1}
+    await create_topics(bootstrap, shape, replication)
+
+
+async def create_topics(bootstrap: str, shape: dict[str, int], replication: int = 1) -> None:
+    """Topics by name with their partition counts; returns once the broker lists them so, each
+    partition with a leader.
 
     A refused creation raises, and so does a topic found in another shape: a creation that
-    timed out on a loaded broker let a client's metadata request auto-create the topics with
-    one partition first, and a trial then waited for four partitions that never came."""
-    shape = {topics.inputs: partitions, topics.rollouts: partitions, topics.control: 1}
+    times out on a loaded broker may be overtaken by a client's metadata request, which
+    auto-creates the topic with the broker's ``num.partitions``, and a test would then wait for
+    partitions that never come."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:

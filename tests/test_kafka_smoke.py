@@ -17,26 +17,18 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rewardstream.contract.events import Topics
-from tests.processes import make_topics
+from tests.processes import create_topics, make_topics
 
 pytestmark = pytest.mark.kafka
 
 UniqueName = Callable[[str], str]
 
 
-async def create_topics(bootstrap: str, *names: str) -> None:
+async def create_single_partition_topics(bootstrap: str, *names: str) -> None:
     """Create single-partition topics up front, so no test races topic auto-creation."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [NewTopic(n, num_partitions=1, replication_factor=1) for n in names]
-        )
-    finally:
-        await admin.close()
+    await create_topics(bootstrap, dict.fromkeys(names, 1))
 
 
 async def read(
@@ -80,7 +72,7 @@ async def committed(bootstrap: str, group: str, topic: str) -> int | None:
 
 async def test_produce_consume_round_trip(kafka_bootstrap: str, unique_name: UniqueName) -> None:
     topic = unique_name("roundtrip")
-    await create_topics(kafka_bootstrap, topic)
+    await create_single_partition_topics(kafka_bootstrap, topic)
     sent = [(f"k{i % 3}".encode(), f"v{i}".encode()) for i in range(20)]
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
@@ -104,7 +96,7 @@ async def test_produce_consume_round_trip(kafka_bootstrap: str, unique_name: Uni
 
 async def test_idempotent_producer(kafka_bootstrap: str, unique_name: UniqueName) -> None:
     topic = unique_name("idempotent")
-    await create_topics(kafka_bootstrap, topic)
+    await create_single_partition_topics(kafka_bootstrap, topic)
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
     await producer.start()
     try:
@@ -129,7 +121,7 @@ async def test_manual_commit_resumes_where_it_stopped(
     kafka_bootstrap: str, unique_name: UniqueName
 ) -> None:
     topic, group = unique_name("resume"), unique_name("group")
-    await create_topics(kafka_bootstrap, topic)
+    await create_single_partition_topics(kafka_bootstrap, topic)
     values = [f"r{i}".encode() for i in range(10)]
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
@@ -171,7 +163,7 @@ async def test_manual_commit_resumes_where_it_stopped(
 
 async def test_transactions_read_committed(kafka_bootstrap: str, unique_name: UniqueName) -> None:
     topic, source, group = unique_name("txn"), unique_name("txn-src"), unique_name("txn-group")
-    await create_topics(kafka_bootstrap, topic, source)
+    await create_single_partition_topics(kafka_bootstrap, topic, source)
     producer = AIOKafkaProducer(
         bootstrap_servers=kafka_bootstrap, transactional_id=unique_name("txid")
     )
@@ -304,7 +296,7 @@ async def test_faust_table_survives_worker_restart(
     kafka_bootstrap: str, unique_name: UniqueName, faust_worker: FaustWorkers
 ) -> None:
     source, results = unique_name("faust-src"), unique_name("faust-out")
-    await create_topics(kafka_bootstrap, source, results)
+    await create_single_partition_topics(kafka_bootstrap, source, results)
     env = {
         "RS_APP_ID": unique_name("faust-app"),
         "RS_BOOTSTRAP": kafka_bootstrap,
@@ -359,10 +351,9 @@ def test_the_tests_topics_are_made_in_their_shape_or_refused(
     """``tests.processes.make_topics`` returns once the broker lists them as asked, and raises
     when one is there in another shape (as a client's auto-creation makes it): a trial must not
     wait for partitions that never come."""
-    bootstrap = kafka_bootstrap
     made = Topics.for_prefix(unique_name("made"))
-    asyncio.run(make_topics(bootstrap, made, 4))
+    asyncio.run(make_topics(kafka_bootstrap, made, 4))
     taken = Topics.for_prefix(unique_name("taken"))
-    asyncio.run(create_topics(bootstrap, taken.inputs))  # one partition, as auto-creation
+    asyncio.run(create_single_partition_topics(kafka_bootstrap, taken.inputs))  # as auto-created
     with pytest.raises(RuntimeError, match="inputs"):
-        asyncio.run(make_topics(bootstrap, taken, 4))
+        asyncio.run(make_topics(kafka_bootstrap, taken, 4))
